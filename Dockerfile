@@ -1,0 +1,24 @@
+# The sidecar container. Build: docker build -t sidecar .
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SIDECAR_LISTEN=0.0.0.0:8443 \
+    SIDECAR_POLICIES=/etc/sidecar/policies \
+    SIDECAR_LEDGER=sqlite:////var/lib/sidecar/ledger.db
+
+RUN groupadd --system --gid 10001 sidecar \
+ && useradd --system --uid 10001 --gid sidecar --home-dir /var/lib/sidecar --create-home sidecar
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+COPY backing_store ./backing_store
+RUN pip install --no-cache-dir .
+COPY policies /etc/sidecar/policies
+
+USER 10001:10001
+EXPOSE 8443
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8443/healthz', timeout=2)"
+ENTRYPOINT ["sidecar"]
+CMD ["serve"]

@@ -1,0 +1,63 @@
+"""Run one load scenario headless: `python loadtests/run.py SCENARIO [--seconds N] [--out DIR]`.
+
+Scenarios: limits, noisy-neighbour, quota-race, mix (see loadtests/scenarios.py), or
+`all`. Everything the scenario starts runs on 127.0.0.1 and is stopped before the
+command returns. Exit status: 0 when the run completed (1 with `--check` when a
+target was missed), 2 on a usage error or a failed start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `loadtests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.scenarios import DEFAULT_SECONDS, SCENARIOS, Options
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loadtests/run.py", description=__doc__.split("\n")[0])
+    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="load duration (default per scenario, at most 30 s)")
+    parser.add_argument("--out", default="loadtests/results",
+                        help="directory for CSVs, summaries and charts")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every rate and count (the smoke test uses 0.1)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="sidecar processes sharing the port (sidecar serve --workers)")
+    parser.add_argument("--global-tier", action="store_true",
+                        help="use the Redis global rate-limit tier (LOADTEST_REDIS, "
+                             "default redis://127.0.0.1:6379/0; keys removed afterwards)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a scenario misses its target")
+    args = parser.parse_args(argv)
+    if args.seconds is not None and not 0 < args.seconds <= 600:
+        parser.error("--seconds must be in (0, 600]")
+    if args.scale <= 0:
+        parser.error("--scale must be positive")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    all_ok = True
+    for name in names:
+        seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[name]
+        try:
+            opts = Options(seconds, args.scale, args.workers, args.global_tier)
+            text, ok = SCENARIOS[name](out, opts)
+        except RuntimeError as exc:
+            print(f"{name}: could not run: {exc}", file=sys.stderr)
+            return 2
+        print(text)
+        all_ok &= ok
+    print(f"results in {out.resolve()}")
+    return 1 if args.check and not all_ok else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

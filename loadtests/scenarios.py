@@ -1,0 +1,466 @@
+"""The load scenarios: `limits`, `noisy-neighbour`, `quota-race` and `mix`.
+
+Each scenario starts what it needs through a `Stack` (backing store, sidecar(s) with
+a scenario policy and token file written into `OUT/work-SCENARIO/`), offers load,
+stops everything, and writes into OUT: `SCENARIO.csv` (the raw figures),
+`SCENARIO-summary.txt` (one screen, also printed) and `SCENARIO-*.png` charts.
+`scale` multiplies every rate and count (the smoke test runs at 0.1).
+A scenario returns (summary text, every check passed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtests import report
+from loadtests.loadgen import Record, RequestSpec, Stream, new_session, open_loop, send_one
+from loadtests.report import percentile
+from loadtests.stack import (
+    ROOT,
+    Stack,
+    count_servers,
+    http,
+    member_policies,
+    rate_limit_doc,
+    seed_server,
+    seed_tenant,
+    servers_path,
+    tokens_for,
+)
+
+REDIS_URL = os.environ.get("LOADTEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run a scenario: load duration, load scale, sidecar processes, and
+    whether the sidecars use the Redis global rate-limit tier."""
+
+    seconds: float
+    scale: float = 1.0
+    workers: int = 1
+    global_tier: bool = False
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def global_prefix(self) -> str:
+        return f"loadtest:{self.run_id}:rl:"
+
+LEDGER_PREFIX = "sidecar:quota:"  # the Redis ledger's default key prefix
+
+
+def _sidecar_config(stack: Stack, policies: Path, tokens: Path, upstream: str,
+                    ledger: str | None = None, opts: Options | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "upstream": upstream,
+        "policies": str(policies),
+        "identity": {"tokenFile": str(tokens)},
+        "ledger": ledger or f"sqlite:///{stack.work / 'ledger.db'}",
+    }
+    if opts is not None and opts.global_tier:
+        config["rateLimit"] = {"global": REDIS_URL, "globalPrefix": opts.global_prefix}
+    return config
+
+
+def _redis_delete(pattern: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    try:
+        keys = list(client.scan_iter(match=pattern, count=500))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()
+
+
+def _get_server(base: str, tenant: str, name: str = "web-0") -> Callable[[int], RequestSpec]:
+    url = base + servers_path(tenant) + "/" + name
+    headers = {"Authorization": f"Bearer token-{tenant}"}
+    return lambda _i: ("GET", url, headers, None)
+
+
+def _lat(records: list[Record]) -> tuple[float, float]:
+    ok = [r.latency_ms for r in records if 200 <= r.status < 300]
+    return percentile(ok, 50), percentile(ok, 99)
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+# --------------------------------------------------------------------------- limits
+
+LIMITS_TENANTS = {"alpha": (40.0, 20), "bravo": (100.0, 50), "charlie": (20.0, 10)}
+
+
+def limits(out: Path, opts: Options) -> tuple[str, bool]:
+    seconds, scale = opts.seconds, opts.scale
+    tenants = {t: (max(1.0, r * scale), max(1, round(b * scale)))
+               for t, (r, b) in LIMITS_TENANTS.items()}
+    # N processes with local buckets admit up to N times a tenant's rate (each has its
+    # own buckets); the global tier shares one budget.
+    shared = opts.workers == 1 or opts.global_tier
+    with Stack(out / "work-limits") as stack:
+        store = stack.start_store()
+        for t in tenants:
+            seed_tenant(store.url, t)
+            seed_server(store.url, t, "web-0")
+        docs = member_policies(list(tenants))
+        docs += [rate_limit_doc(t, r, b) for t, (r, b) in tenants.items()]
+        policies = stack.write_policies(docs)
+        tokens = stack.write_tokens(tokens_for(list(tenants)))
+        sidecar = stack.start_sidecar(
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
+        streams = [Stream(t, 2 * r, _get_server(sidecar.url, t), duration=seconds)
+                   for t, (r, _b) in tenants.items()]
+        try:
+            records = asyncio.run(open_loop(streams))
+        finally:
+            if opts.global_tier:
+                stack.close()
+                _redis_delete(opts.global_prefix + "*")
+
+    rows: list[dict[str, Any]] = []
+    lines = [f"{seconds:g} s, each tenant offered 2x its rate; expected admitted = "
+             f"rate x seconds + burst (within 10% of rate x seconds)",
+             f"sidecar: {opts.workers} worker process(es), "
+             f"{'global (Redis) + local' if opts.global_tier else 'local'} rate-limit buckets"
+             + ("" if shared else f"; local buckets are per process, so up to "
+                f"{opts.workers}x the rate may be admitted (verdicts not applicable)"), ""]
+    lines.append(f"{'tenant':8} {'rate':>6} {'burst':>5} {'offered/s':>9} {'admitted':>8} "
+                 f"{'expected':>8} {'adm/s':>6} {'429':>5} {'other':>5} {'p50ms':>6} "
+                 f"{'p99ms':>6}  verdict")
+    all_ok = True
+    for t, (rate, burst) in tenants.items():
+        mine = [r for r in records if r.stream == t]
+        admitted = sum(1 for r in mine if 200 <= r.status < 300)
+        rejected = [r for r in mine if not 200 <= r.status < 300]
+        r429 = [r for r in rejected if r.status == 429]
+        bad_429 = [r for r in r429 if not r.retry_after]
+        other = len(rejected) - len(r429)
+        expected = rate * seconds + burst
+        within = abs(admitted - expected) <= 0.10 * rate * seconds or not shared
+        ok = within and other == 0 and not bad_429
+        all_ok &= ok
+        p50, p99 = _lat(mine)
+        rows.append({"tenant": t, "rate": rate, "burst": burst, "seconds": seconds,
+                     "offered": len(mine), "offered_per_s": len(mine) / seconds,
+                     "admitted": admitted, "expected": expected,
+                     "admitted_per_s": admitted / seconds, "rejected_429": len(r429),
+                     "rejected_429_without_retry_after": len(bad_429), "rejected_other": other,
+                     "p50_ms": p50, "p99_ms": p99, "pass": ok})
+        lines.append(f"{t:8} {rate:6g} {burst:5d} {len(mine) / seconds:9.1f} {admitted:8d} "
+                     f"{expected:8.0f} {admitted / seconds:6.1f} {len(r429):5d} {other:5d} "
+                     f"{p50:6.2f} {p99:6.2f}  {_verdict(ok) if shared else 'n/a'}"
+                     + (f" ({len(bad_429)} 429s without Retry-After)" if bad_429 else ""))
+    report.write_rows(out / "limits.csv", rows)
+    report.write_records(out / "limits-requests.csv", records)
+    report.chart_rates(out / "limits-rates.png", records,
+                       "limits: admitted / rejected per second (dashed: rate)",
+                       {t: r for t, (r, _b) in tenants.items()})
+    report.chart_latency(out / "limits-latency.png", records, "limits: latency per tenant",
+                         list(tenants))
+    lines += ["", f"overall: {_verdict(all_ok)}"]
+    return report.write_summary(out / "limits-summary.txt", "scenario: limits", lines), all_ok
+
+
+# ------------------------------------------------------------------ noisy-neighbour
+
+def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
+    seconds, scale = opts.seconds, opts.scale
+    rate = max(2.0, 50.0 * scale)
+    burst = max(2, round(50 * scale))
+    half = seconds / 2
+    with Stack(out / "work-noisy-neighbour") as stack:
+        store = stack.start_store()
+        for t in ("noisy", "quiet"):
+            seed_tenant(store.url, t)
+            seed_server(store.url, t, "web-0")
+        docs = member_policies(["noisy", "quiet"])
+        docs += [rate_limit_doc("*", rate, burst)]
+        policies = stack.write_policies(docs)
+        tokens = stack.write_tokens(tokens_for(["noisy", "quiet"]))
+        sidecar = stack.start_sidecar(
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
+        # Warm the token and decision caches and the pools, then let the buckets refill,
+        # so the quiet tenant's baseline is not its cold start.
+        for t in ("noisy", "quiet"):
+            for _ in range(3):
+                http("GET", sidecar.url + servers_path(t) + "/web-0",
+                     headers={"Authorization": f"Bearer token-{t}"})
+        time.sleep(max(1.0, 6 / rate))
+        streams = [
+            Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), 0, half, "alone"),
+            Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), half, half,
+                   "with-noisy"),
+            Stream("noisy", rate * 10, _get_server(sidecar.url, "noisy"), half, half,
+                   "with-noisy"),
+        ]
+        try:
+            records = asyncio.run(open_loop(streams))
+        finally:
+            if opts.global_tier:
+                stack.close()
+                _redis_delete(opts.global_prefix + "*")
+
+    def stats(stream: str, phase: str) -> dict[str, Any]:
+        mine = [r for r in records if r.stream == stream and r.phase == phase]
+        ok = sum(1 for r in mine if 200 <= r.status < 300)
+        p50, p99 = _lat(mine)
+        codes = Counter(r.status for r in mine)
+        return {"tenant": stream, "phase": phase, "requests": len(mine), "ok": ok,
+                "success_rate": ok / len(mine) if mine else math.nan, "p50_ms": p50,
+                "p99_ms": p99, "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items()))}
+
+    alone, loaded, noisy = stats("quiet", "alone"), stats("quiet", "with-noisy"), \
+        stats("noisy", "with-noisy")
+    ratio = loaded["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else math.nan
+    success_ok = loaded["success_rate"] == 1.0 and alone["success_rate"] == 1.0
+    p99_ok = ratio <= 1.5
+    report.write_rows(out / "noisy-neighbour.csv", [alone, loaded, noisy])
+    report.write_records(out / "noisy-neighbour-requests.csv", records)
+    report.chart_rates(out / "noisy-neighbour-rates.png", records,
+                       "noisy-neighbour: admitted / rejected per second",
+                       {"quiet": rate, "noisy": rate})
+    report.chart_latency(out / "noisy-neighbour-latency.png", records,
+                         f"latency (noisy tenant starts at {half:g} s)", ["quiet", "noisy"])
+    lines = [
+        f"both tenants: rate {rate:g}/s burst {burst}; quiet offers {rate / 2:g}/s for "
+        f"{seconds:g} s, noisy offers {rate * 10:g}/s in the second half",
+        "",
+        f"{'tenant/phase':22} {'requests':>8} {'success':>8} {'p50ms':>7} {'p99ms':>7}  statuses",
+    ]
+    for s in (alone, loaded, noisy):
+        lines.append(f"{s['tenant'] + '/' + s['phase']:22} {s['requests']:8d} "
+                     f"{s['success_rate']:8.1%} {s['p50_ms']:7.2f} {s['p99_ms']:7.2f}  "
+                     f"{s['statuses']}")
+    lines += [
+        "",
+        f"quiet success rate 100% in both phases: {_verdict(success_ok)}",
+        f"quiet p99 with noisy / alone = {ratio:.2f} (target <= 1.5): {_verdict(p99_ok)}",
+    ]
+    text = report.write_summary(out / "noisy-neighbour-summary.txt",
+                                "scenario: noisy-neighbour", lines)
+    return text, success_ok and p99_ok
+
+
+# ------------------------------------------------------------------------ quota-race
+
+def _redis_available() -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
+
+
+def _redis_cleanup(tenants: list[str]) -> int:
+    """Delete the ledger keys of this run's tenants (and only those)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    removed = 0
+    try:
+        for t in tenants:
+            for pattern in (f"{LEDGER_PREFIX}{{{t}}}*", f"{LEDGER_PREFIX}{t}:*"):
+                keys = list(client.scan_iter(match=pattern, count=500))
+                if keys:
+                    removed += int(client.delete(*keys))
+            client.srem(f"{LEDGER_PREFIX}tenants", t)
+    finally:
+        client.close()
+    return removed
+
+
+async def _race(urls: list[str], tenant: str, n: int) -> list[Record]:
+    """`n` creates at once, spread round-robin over the sidecars."""
+    headers = {"Authorization": f"Bearer token-{tenant}"}
+    out: list[Record] = []
+    async with new_session() as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(
+            send_one(session, ("POST", urls[i % len(urls)] + servers_path(tenant), headers,
+                               {"metadata": {"name": f"s-{i}"}, "spec": {"flavor": "m1.small"}}),
+                     f"sidecar-{i % len(urls)}", tenant, start, out)
+            for i in range(n)))
+    return out
+
+
+def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
+    scale = opts.scale
+    limit = max(3, round(20 * scale))
+    creates = max(12, round(200 * scale))
+    sidecars = 3
+    run_id = opts.run_id
+    backends = ["sqlite"]
+    skipped = ""
+    if _redis_available():
+        backends.append("redis")
+    else:
+        skipped = f"redis: skipped, no Redis at {REDIS_URL}"
+    tenant_of = {b: f"race-{b}-{run_id}" for b in backends}
+    rows: list[dict[str, Any]] = []
+    records: list[Record] = []
+    all_ok = True
+    with Stack(out / "work-quota-race") as stack:
+        store = stack.start_store()
+        for t in tenant_of.values():
+            seed_tenant(store.url, t)
+        docs = member_policies(list(tenant_of.values()))
+        docs.append({"kind": "QuotaDefaults", "metadata": {"name": "defaults"},
+                     "spec": {"hard": {"servers": 1000}}})
+        for t in tenant_of.values():
+            docs.append({"kind": "TenantResourceQuota", "metadata": {"name": t, "tenant": t},
+                         "spec": {"hard": {"servers": limit}}})
+        policies = stack.write_policies(docs)
+        tokens = stack.write_tokens(tokens_for(list(tenant_of.values())))
+        try:
+            for backend in backends:
+                tenant = tenant_of[backend]
+                ledger = (f"sqlite:///{stack.work / 'ledger.db'}" if backend == "sqlite"
+                          else REDIS_URL)
+                procs = [stack.start_sidecar(
+                    _sidecar_config(stack, policies, tokens, store.url, ledger),
+                    name=f"sidecar-{backend}-{i}") for i in range(sidecars)]
+                got = asyncio.run(_race([p.url for p in procs], tenant, creates))
+                records += got
+                codes = Counter(r.status for r in got)
+                admitted = codes.get(201, 0)
+                real = count_servers(store.url, tenant)
+                _, shown = http("GET", f"{procs[0].url}/quota/v1/tenants/{tenant}",
+                                headers={"Authorization": f"Bearer token-{tenant}"})
+                used, in_progress = _quota_row(shown)
+                for p in procs:
+                    p.stop()
+                quota_403 = sum(1 for r in got if r.status == 403 and r.reason == "QuotaExceeded")
+                ok = (admitted == limit and real == limit and used == limit and in_progress == 0
+                      and quota_403 == creates - admitted)
+                all_ok &= ok
+                rows.append({"backend": backend, "sidecars": sidecars, "creates": creates,
+                             "limit": limit, "admitted": admitted,
+                             "refused_403": codes.get(403, 0),
+                             "refused_quota_exceeded": quota_403,
+                             "other": sum(v for k, v in codes.items() if k not in (201, 403)),
+                             "store_objects": real, "ledger_used": used,
+                             "ledger_in_progress": in_progress, "pass": ok,
+                             "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items()))})
+        finally:
+            if "redis" in backends:
+                _redis_cleanup([tenant_of["redis"]])
+    report.write_rows(out / "quota-race.csv", rows)
+    report.write_records(out / "quota-race-requests.csv", records)
+    report.chart_bars(out / "quota-race.png", [r["backend"] for r in rows],
+                      {"limit": [float(r["limit"]) for r in rows],
+                       "admitted": [float(r["admitted"]) for r in rows],
+                       "store objects": [float(r["store_objects"]) for r in rows],
+                       "ledger used": [float(r["ledger_used"]) for r in rows]},
+                      f"quota-race: {creates} concurrent creates via {sidecars} sidecars",
+                      "servers")
+    lines = [f"{creates} concurrent creates of servers through {sidecars} sidecar processes "
+             f"sharing one ledger; tenant quota servers={limit}", ""]
+    lines.append(f"{'backend':8} {'admitted':>8} {'limit':>5} {'403 quota':>9} {'other':>5} "
+                 f"{'store':>5} {'used':>5} {'in_prog':>7}  verdict")
+    for r in rows:
+        lines.append(f"{r['backend']:8} {r['admitted']:8d} {r['limit']:5d} "
+                     f"{r['refused_quota_exceeded']:9d} {r['other']:5d} {r['store_objects']:5d} "
+                     f"{r['ledger_used']:5d} {r['ledger_in_progress']:7d}  "
+                     f"{_verdict(bool(r['pass']))}")
+    lines.append("store = the backing store's real object count; used / in_prog = the "
+                 "ledger's (quota show)")
+    if skipped:
+        lines.append(skipped)
+    lines += ["", f"overall: {_verdict(all_ok)}"]
+    text = report.write_summary(out / "quota-race-summary.txt", "scenario: quota-race", lines)
+    return text, all_ok
+
+
+def _quota_row(shown: Any, resource: str = "servers") -> tuple[int, int]:
+    """(used, in_progress) of `resource` from a quota-show body; (-1, -1) if absent."""
+    if isinstance(shown, dict):
+        for row in shown.get("quotas") or []:
+            if isinstance(row, dict) and row.get("resource") == resource:
+                return int(row.get("used") or 0), int(row.get("in_progress") or 0)
+    return -1, -1
+
+
+# ------------------------------------------------------------------------------ mix
+
+def mix(out: Path, opts: Options) -> tuple[str, bool]:
+    """The locustfile's tenant users (list/get/create/delete/tag) through one sidecar."""
+    seconds, scale = opts.seconds, opts.scale
+    tenants = ["alpha", "bravo"]
+    users = max(2, round(20 * scale))
+    with Stack(out / "work-mix") as stack:
+        store = stack.start_store()
+        for t in tenants:
+            seed_tenant(store.url, t)
+            for i in range(5):
+                seed_server(store.url, t, f"web-{i}")
+        docs = member_policies(tenants)
+        docs += [rate_limit_doc("*", 500, 500)]
+        docs.append({"kind": "QuotaDefaults", "metadata": {"name": "defaults"},
+                     "spec": {"hard": {"servers": 100000}}})
+        policies = stack.write_policies(docs)
+        tokens = stack.write_tokens(tokens_for(tenants))
+        sidecar = stack.start_sidecar(
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
+        tenants_file = stack.work / "tenants.json"
+        tenants_file.write_text(json.dumps({"tenants": [
+            {"name": t, "token": f"token-{t}", "namespace": "dev"} for t in tenants]}))
+        env = dict(os.environ, LOADTEST_TENANTS=str(tenants_file))
+        cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
+               "--headless", "--users", str(users), "--spawn-rate", str(users),
+               "--run-time", f"{max(1, round(seconds))}s", "--host", sidecar.url,
+               "--csv", str(out / "mix"), "--only-summary", "--stop-timeout", "2",
+               "--loglevel", "WARNING"]
+        with open(stack.work / "locust.log", "wb") as log:
+            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                           timeout=seconds + 60, check=False)
+    stats_path = out / "mix_stats.csv"
+    rows = list(csv.DictReader(stats_path.open())) if stats_path.exists() else []
+    lines = [f"locust: {users} users over {len(tenants)} tenants for {seconds:g} s", "",
+             f"{'request':34} {'count':>6} {'fail':>5} {'rps':>7} {'p50ms':>6} {'p99ms':>6}"]
+    for r in rows:
+        lines.append(f"{(r['Type'] + ' ' + r['Name'])[:34]:34} {r['Request Count']:>6} "
+                     f"{r['Failure Count']:>5} {float(r['Requests/s']):7.1f} "
+                     f"{r['50%']:>6} {r['99%']:>6}")
+    named = [r for r in rows if r["Name"] != "Aggregated"]
+    if named:
+        report.chart_bars(out / "mix-requests.png", [r["Name"] for r in named],
+                          {"requests/s": [float(r["Requests/s"]) for r in named]},
+                          "mix: requests/s per tenant and call", "requests / s")
+        report.chart_bars(out / "mix-latency.png", [r["Name"] for r in named],
+                          {"p50": [float(r["50%"] or 0) for r in named],
+                           "p99": [float(r["99%"] or 0) for r in named]},
+                          "mix: latency per tenant and call", "ms")
+    ok = bool(rows)
+    if not ok:
+        lines.append("locust wrote no statistics; see work-mix/locust.log")
+    return report.write_summary(out / "mix-summary.txt", "scenario: mix", lines), ok
+
+
+SCENARIOS: dict[str, Callable[[Path, Options], tuple[str, bool]]] = {
+    "limits": limits,
+    "noisy-neighbour": noisy_neighbour,
+    "quota-race": quota_race,
+    "mix": mix,
+}
+DEFAULT_SECONDS = {"limits": 20.0, "noisy-neighbour": 30.0, "quota-race": 10.0, "mix": 20.0}

@@ -1,0 +1,270 @@
+"""Start and stop what a load run needs: the backing store and sidecar processes.
+
+Every process is started in its own session on a free 127.0.0.1 port, tracked in a
+`Stack`, and stopped when the stack closes (SIGTERM, then SIGKILL to the process
+group it leads). The stack also writes the scenario's policy directory and token
+file into its work directory and seeds tenants/namespaces/objects straight into the
+store. `processes.json` in the work directory lists every pid and port started, so a
+test can check that nothing outlived the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 8.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # The process leads its own group (start_new_session): forked workers die too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, Any]:
+    """A small blocking JSON call (setup and checks, never the load itself)."""
+    data = json.dumps(body).encode() if body is not None else None
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        status = exc.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+@dataclass
+class Stack:
+    """The processes of one run, under one work directory."""
+
+    work: Path
+    procs: list[Proc] = field(default_factory=list)
+    started: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, name: str, args: list[str], port: int) -> Proc:
+        log_path = self.work / f"{name}.log"
+        env = dict(os.environ)
+        env.pop("PYTHONWARNINGS", None)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, port, log_path)
+        self.procs.append(proc)
+        self.started.append({"name": name, "pid": popen.pid, "port": port})
+        (self.work / "processes.json").write_text(json.dumps(self.started, indent=1))
+        return proc
+
+    def wait_ready(self, proc: Proc, path: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.proc.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}:\n"
+                                   f"{proc.log_tail()}")
+            try:
+                with urllib.request.urlopen(proc.url + path, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.HTTPError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{proc.name} not ready on {path} after {timeout}s:\n"
+                           f"{proc.log_tail()}")
+
+    def start_store(self, name: str = "store") -> Proc:
+        port = free_port()
+        db = self.work / f"{name}.db"
+        args = [sys.executable, "-m", "backing_store", "--host", "127.0.0.1",
+                "--port", str(port), "--db", str(db)]
+        proc = self._spawn(name, args, port)
+        self.wait_ready(proc, "/healthz")
+        return proc
+
+    def start_sidecar(
+        self, config: dict[str, Any], name: str = "sidecar", workers: int = 1,
+        wrapper: list[str] | None = None,
+    ) -> Proc:
+        """`sidecar serve --config` on a free port; `wrapper` prefixes the python
+        command line (e.g. `-m cProfile -o FILE`)."""
+        port = free_port()
+        cfg = dict(config)
+        cfg["listen"] = f"127.0.0.1:{port}"
+        cfg.setdefault("audit", {"path": str(self.work / f"{name}-audit.log")})
+        limits = dict(cfg.get("limits") or {})
+        limits.setdefault("shutdownGraceSeconds", 1)
+        cfg["limits"] = limits
+        path = self.work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        args = [sys.executable, *(wrapper or []), "-m", "sidecar.cli", "serve",
+                "--config", str(path), "--log-level", "WARNING"]
+        if workers > 1:
+            args += ["--workers", str(workers)]
+        proc = self._spawn(name, args, port)
+        self.wait_ready(proc, "/readyz")
+        return proc
+
+    def start_command(self, name: str, args: list[str], port: int,
+                      ready_path: str | None = "/healthz") -> Proc:
+        proc = self._spawn(name, args, port)
+        if ready_path is not None:
+            self.wait_ready(proc, ready_path)
+        return proc
+
+    def write_policies(self, docs: list[dict[str, Any]], name: str = "policies") -> Path:
+        directory = self.work / name
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "scenario.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        return directory
+
+    def write_tokens(self, tokens: list[dict[str, Any]]) -> Path:
+        path = self.work / "tokens.yaml"
+        path.write_text(yaml.safe_dump(tokens))
+        return path
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+
+
+def seed_tenant(store_url: str, tenant: str, namespace: str = "dev") -> None:
+    """Create a tenant and a namespace straight in the store (no sidecar, no quota)."""
+    status, body = http("POST", f"{store_url}/api/v1/tenants", {"metadata": {"name": tenant}})
+    if status not in (201, 409):
+        raise RuntimeError(f"seeding tenant {tenant}: {status} {body}")
+    status, body = http("POST", f"{store_url}/api/v1/tenants/{tenant}/namespaces",
+                        {"metadata": {"name": namespace}})
+    if status not in (201, 409):
+        raise RuntimeError(f"seeding namespace {tenant}/{namespace}: {status} {body}")
+
+
+def servers_path(tenant: str, namespace: str = "dev") -> str:
+    return f"/apis/compute/v1/tenants/{tenant}/namespaces/{namespace}/servers"
+
+
+def seed_server(store_url: str, tenant: str, name: str, namespace: str = "dev") -> None:
+    status, body = http("POST", store_url + servers_path(tenant, namespace),
+                        {"metadata": {"name": name}, "spec": {"flavor": "m1.small"}})
+    if status not in (201, 409):
+        raise RuntimeError(f"seeding server {tenant}/{name}: {status} {body}")
+
+
+def count_servers(store_url: str, tenant: str, namespace: str = "dev") -> int:
+    status, body = http("GET", store_url + servers_path(tenant, namespace))
+    if status != 200 or not isinstance(body, dict):
+        raise RuntimeError(f"counting servers of {tenant}: {status} {body}")
+    return len(body.get("items") or [])
+
+
+def member_policies(tenants: list[str]) -> list[dict[str, Any]]:
+    """A realistic tenant policy: a `member` ClusterRole bound per tenant."""
+    docs: list[dict[str, Any]] = [{
+        "kind": "ClusterRole",
+        "metadata": {"name": "member"},
+        "rules": [
+            {"apiGroups": ["", "apps", "batch"],
+             "resources": ["pods", "services", "configmaps", "deployments", "jobs"],
+             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+            {"apiGroups": ["compute"], "resources": ["servers", "servers/tags"],
+             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+            {"apiGroups": ["container"], "resources": ["bays"],
+             "verbs": ["get", "list", "create", "delete"]},
+        ],
+    }]
+    for tenant in tenants:
+        docs.append({
+            "kind": "TenantRoleBinding",
+            "metadata": {"name": "members", "tenant": tenant},
+            "roleRef": {"kind": "ClusterRole", "name": "member"},
+            "subjects": [{"kind": "Group", "name": "members"}],
+        })
+    return docs
+
+
+def tokens_for(tenants: list[str]) -> list[dict[str, Any]]:
+    return [{"token": f"token-{t}", "user": f"user-{t}", "tenant": t, "groups": ["members"]}
+            for t in tenants]
+
+
+def rate_limit_doc(tenant: str, rate: float, burst: int, max_in_flight: int = 256,
+                   ) -> dict[str, Any]:
+    name = "default" if tenant == "*" else tenant
+    return {"kind": "RateLimit", "metadata": {"name": name},
+            "spec": {"tenant": tenant, "rate": rate, "burst": burst,
+                     "maxInFlight": max_in_flight}}

@@ -1,0 +1,123 @@
+"""Audit log: one JSON line per request, written off the request path.
+
+`emit(record)` only puts the record on a bounded queue (`audit.queueSize`) and
+returns; when the queue is full the record is dropped and counted in
+`sidecar_audit_dropped_total`, so a slow sink can never slow requests down. A drain
+task takes records in batches, serializes them and writes them from a dedicated
+writer thread to stdout (`audit.path: "-"`) or appends them to a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
+
+from sidecar.config import AuditConfig
+from sidecar.metrics import Metrics
+
+log = logging.getLogger("sidecar.audit")
+
+MAX_BATCH = 512
+STOP_FLUSH_SECONDS = 5.0
+
+
+def encode(record: dict[str, Any]) -> str:
+    """One record as one JSON line (no newline inside; unknown types as strings)."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+
+
+class AuditLog:
+    def __init__(self, config: AuditConfig, metrics: Metrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(
+            maxsize=max(1, config.queue_size)
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._stream: IO[str] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.written = 0
+        self.dropped = 0
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
+        if self.config.path == "-":
+            self._stream = sys.stdout
+        else:
+            # Opened once at start-up: a bad path fails the start, loudly.
+            loop = asyncio.get_running_loop()
+            try:
+                self._stream = await loop.run_in_executor(self._executor, self._open)
+            except OSError:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+                raise
+        self._task = asyncio.create_task(self._drain(), name="audit-drain")
+
+    async def stop(self) -> None:
+        """Flush what is queued (bounded wait), then close the file."""
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(self._queue.join(), STOP_FLUSH_SECONDS)
+            except TimeoutError:
+                log.warning("audit: %d records not flushed at shutdown", self._queue.qsize())
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._stream is not None and self._stream is not sys.stdout:
+            self._stream.close()
+        self._stream = None
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """Queue one record; never blocks, never raises."""
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            self.metrics.audit_dropped.inc()
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                text = "".join(_safe_encode(r) for r in batch)
+                await loop.run_in_executor(self._executor, self._write, text)
+                self.written += len(batch)
+            except Exception:  # a broken sink must not kill the drain task
+                log.exception("audit: cannot write %d records", len(batch))
+                self.dropped += len(batch)
+                self.metrics.audit_dropped.inc(len(batch))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _open(self) -> IO[str]:
+        return open(self.config.path, "a", encoding="utf-8")
+
+    def _write(self, text: str) -> None:
+        stream = self._stream
+        if stream is None:
+            return
+        stream.write(text)
+        stream.flush()
+
+
+def _safe_encode(record: dict[str, Any]) -> str:
+    try:
+        return encode(record)
+    except (TypeError, ValueError) as exc:
+        return encode({"auditError": f"record not serializable: {exc}"})

@@ -1,0 +1,139 @@
+"""The `sidecar` command: serve, demo, and the `policy` and `quota` command groups."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from sidecar.config import Config, ConfigError, load_config
+
+log = logging.getLogger("sidecar")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the sidecar")
+    serve.add_argument("--config", help="YAML config file (default: built-in defaults)")
+    serve.add_argument("--workers", type=int, help="processes sharing the port (SO_REUSEPORT)")
+    serve.add_argument("--log-level", default="INFO")
+    serve.set_defaults(func=_serve)
+
+    demo = sub.add_parser("demo", help="run the backing store and the sidecar with demo data")
+    demo.add_argument("--policies", default=None, help="policy directory (default: policies/)")
+    demo.add_argument("--seconds", type=float, default=0,
+                      help="stop after this many seconds (default: run until Ctrl-C)")
+    demo.set_defaults(func=_demo)
+
+    from sidecar.policy import commands as policy_commands
+    from sidecar.quota import commands as quota_commands
+
+    policy = sub.add_parser("policy", help="check, test, explain and compile policy files")
+    policy_commands.register(policy.add_subparsers(dest="policy_command", required=True))
+    quota = sub.add_parser("quota", help="quota defaults, limits, usage and reconcile")
+    quota_commands.register(quota.add_subparsers(dest="quota_command", required=True))
+
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sidecar import demo
+
+    return demo.run(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        overrides = {"workers": args.workers} if args.workers else None
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return 2
+    if config.workers > 1:
+        return _serve_workers(config)
+    return _serve_one(config, reuse_port=False)
+
+
+def _serve_one(config: Config, reuse_port: bool) -> int:
+    from sidecar.app import build_app
+    from sidecar.policy.store import PolicyLoadError
+
+    try:
+        app = build_app(config)
+    except PolicyLoadError as exc:
+        print("sidecar: the policy does not load; nothing started:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(_run(app, config, reuse_port))
+    except OSError as exc:
+        print(f"sidecar: cannot listen on {config.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
+    host, port = config.listen_host_port
+    grace = config.limits.shutdown_grace_seconds
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("sidecar listening on %s:%d, upstream %s", host, port, config.upstream)
+    await stop.wait()
+    log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
+    # Stops accepting, waits for in-flight handlers up to the grace period, then closes.
+    await runner.cleanup()
+
+
+def _serve_workers(config: Config) -> int:
+    """Fork `workers` processes that share the listening port through SO_REUSEPORT."""
+    children: list[int] = []
+    for _ in range(config.workers):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _serve_one(config, reuse_port=True)
+            finally:
+                os._exit(code)
+        children.append(pid)
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    worst = 0
+    for child in children:
+        _, status = os.waitpid(child, 0)
+        worst = max(worst, os.waitstatus_to_exitcode(status))
+    return worst
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""Kubernetes `Status` bodies for every error the sidecar answers itself (DESIGN §9).
+
+Any stage raises `StatusError`; the outermost stage turns it into a response. The
+backing store uses the same helpers so that a concealed tenant's 404 is byte-for-byte
+the body a tenant that does not exist gets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+REASONS: dict[int, str] = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    431: "RequestHeaderFieldsTooLarge",
+    500: "InternalError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+class StatusError(Exception):
+    """An error answered with a Kubernetes Status body."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        reason: str | None = None,
+        *,
+        details: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.details = dict(details) if details else None
+        self.headers = dict(headers) if headers else {}
+
+    def body(self) -> dict[str, Any]:
+        return status_body(self.code, self.message, self.reason, self.details)
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.code,
+            body=json.dumps(self.body()).encode(),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def status_body(
+    code: int, message: str, reason: str | None = None, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "Unknown"),
+        "code": code,
+    }
+    if details:
+        body["details"] = dict(details)
+    return body
+
+
+def bad_request(message: str) -> StatusError:
+    return StatusError(400, message)
+
+
+def unauthorized(message: str) -> StatusError:
+    return StatusError(401, message, headers={"WWW-Authenticate": 'Bearer realm="sidecar"'})
+
+
+def forbidden(message: str) -> StatusError:
+    return StatusError(403, message)
+
+
+def not_found(resource: str, name: str) -> StatusError:
+    """Kubernetes' NotFound: `{resource} "{name}" not found`."""
+    what = f'{resource} "{name}" not found' if name else f"{resource} not found"
+    return StatusError(404, what, details={"name": name, "kind": resource})
+
+
+def tenant_not_found(tenant: str) -> StatusError:
+    """The 404 for a tenant that does not exist, and for one the caller may not see."""
+    return not_found("tenants", tenant)

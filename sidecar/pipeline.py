@@ -1,0 +1,39 @@
+"""The pipeline: an ordered chain of stages around a terminal handler.
+
+A stage is an async callable `(ctx, call_next) -> response`. It may answer itself
+(raise `StatusError` or return a response without calling `call_next`), or call the
+rest of the chain and act on what comes back (quota commit/release, audit). The order
+of stages is decided in `app.py` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from aiohttp import web
+
+from sidecar.context import RequestContext
+
+Handler = Callable[[RequestContext], Awaitable[web.StreamResponse]]
+
+
+class Stage(Protocol):
+    name: str
+
+    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse: ...
+
+
+def build_chain(stages: Sequence[Stage], terminal: Handler) -> Handler:
+    """Compose stages so that `stages[0]` runs first and `terminal` runs last."""
+    handler = terminal
+    for stage in reversed(stages):
+        handler = _link(stage, handler)
+    return handler
+
+
+def _link(stage: Stage, call_next: Handler) -> Handler:
+    async def run(ctx: RequestContext) -> web.StreamResponse:
+        return await stage(ctx, call_next)
+
+    return run

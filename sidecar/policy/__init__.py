@@ -1,0 +1,1 @@
+"""Policy files, their compilation to Casbin, and the decision engine."""

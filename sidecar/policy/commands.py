@@ -1,0 +1,99 @@
+"""`sidecar policy …` commands: `check` and `test` here, `explain` and `compile` from
+`sidecar.policy.explain`.
+
+- `check DIR…` prints every problem as `file:line: message` (all of them, one run)
+  and exits 1 if there is any.
+- `test DIR…` runs every `PolicyTest` case, prints one line per failing case
+  (expected vs actual and the reason), the summary `N passed, M failed`, and the
+  rules no case exercised; exits 1 on a failure, a policy problem, or no cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from sidecar.policy import explain
+from sidecar.policy.bundle import PolicyBundle, load_bundle
+from sidecar.policy.checks import cross_document_problems
+from sidecar.policy.files import Problem
+from sidecar.policy.testing import PolicyCase, parse_tests, run_tests
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = sub.add_parser(
+        "check",
+        help="validate policy directories",
+        description="Validate policy files; prints 'file:line: message' per problem.",
+    )
+    check.add_argument("dirs", nargs="+", metavar="DIR")
+    check.set_defaults(func=_check)
+
+    test = sub.add_parser(
+        "test",
+        help="run the PolicyTest suites in policy directories",
+        description="Run every PolicyTest case against the policy in the same directories.",
+    )
+    test.add_argument("dirs", nargs="+", metavar="DIR")
+    test.add_argument(
+        "--fail-uncovered",
+        action="store_true",
+        help="also exit non-zero when some rule is exercised by no test case",
+    )
+    test.add_argument("-v", "--verbose", action="store_true", help="print passing cases too")
+    test.set_defaults(func=_test)
+
+    explain.add_commands(sub)
+
+
+def validate(dirs: Sequence[str]) -> tuple[PolicyBundle, list[Problem], list[PolicyCase]]:
+    """Everything `check` reports: per-kind problems, cross-document problems and
+    malformed test cases; also returns the bundle and the well-formed cases."""
+    bundle, problems = load_bundle(dirs)
+    cases, test_problems = parse_tests(bundle.documents)
+    all_problems = set(problems) | set(test_problems)
+    all_problems |= set(cross_document_problems(bundle.documents))
+    ordered = sorted(all_problems, key=lambda p: (p.file, p.line, p.message))
+    return bundle, ordered, cases
+
+
+def _check(args: argparse.Namespace) -> int:
+    bundle, problems, _ = validate(args.dirs)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(
+        f"ok: {len(bundle.documents)} documents, revision {bundle.revision}", file=sys.stderr
+    )
+    return 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    bundle, problems, cases = validate(args.dirs)
+    if problems:
+        for p in problems:
+            print(p)
+        print(f"{len(problems)} policy problem(s); fix them before testing", file=sys.stderr)
+        return 1
+    report = run_tests(bundle, cases)
+    for result in report.results:
+        if not result.passed:
+            print(result.failure_line())
+        elif args.verbose:
+            print(f"{result.case.where}: ok {result.case.name} ({result.actual})")
+    for rule in report.uncovered:
+        print(f"untested rule: {rule}")
+    if report.uncovered:
+        print(f"{len(report.uncovered)} rule(s) not exercised by any test case")
+    print(report.summary())
+    if not report.results:
+        print("no PolicyTest cases found", file=sys.stderr)
+        return 1
+    if report.failed:
+        return 1
+    if args.fail_uncovered and report.uncovered:
+        return 1
+    return 0

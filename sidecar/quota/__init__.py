@@ -1,0 +1,1 @@
+"""Quotas: policy kinds, the reservation ledger (SQLite / Redis), API and reconcile."""

@@ -1,0 +1,384 @@
+"""The Redis quota ledger (`ledger: redis://host:port/db`), shared by replicas on many hosts.
+
+One Lua script per operation, so each is atomic; `reserve` does every check before its
+first write (a script error does not roll back earlier writes). All keys of a tenant
+carry the hash tag `{tenant}`, so one script only ever touches one cluster slot:
+
+  {prefix}{T}:used     hash  "scope|resource" → amount   (scope "" = whole tenant)
+  {prefix}{T}:inprog   hash  "scope|resource" → amount   (pending reservations)
+  {prefix}{T}:res      hash  reservation id → {ns, charge, state}
+  {prefix}{T}:resexp   zset  reservation id by expiry time
+  {prefix}{T}:objs     hash  "ns|resource|name" → {ns, charge, at}
+  {prefix}{T}:limits   hash  "scope|resource" → API-set hard limit
+  {prefix}{T}:tomb     zset  "ns|resource|name" by delete time
+  {prefix}tenants      set   tenant names (an index for `quota list`, kept outside scripts)
+
+Times come from the ledger's clock (an argument), so expiry is testable; replicas on
+several hosts need synchronised clocks (NTP), as the TTL is minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from sidecar.quota.ledger import (
+    TENANT_SCOPE,
+    TOMBSTONE_SECONDS,
+    Clock,
+    Ledger,
+    LedgerError,
+    ObjectRef,
+    QuotaExceeded,
+    ReconcileResult,
+    Reservation,
+    Usage,
+    split_field,
+)
+from sidecar.quota.meters import Charge
+
+# KEYS: used, inprog, res, resexp, objs, limits, tomb
+_COMMON = """
+local function s(n) return string.format('%.0f', n) end
+local function bump(key, field, delta)
+  local v = redis.call('HINCRBY', key, field, s(delta))
+  if v < 0 then redis.call('HSET', key, field, 0) end
+end
+local function apply(key, ns, charge, sign)
+  for res, n in pairs(charge) do
+    bump(key, '|' .. res, sign * n)
+    if ns ~= '' then bump(key, ns .. '|' .. res, sign * n) end
+  end
+end
+local function purge(now)
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, id in ipairs(ids) do
+    local raw = redis.call('HGET', KEYS[3], id)
+    if raw then
+      local r = cjson.decode(raw)
+      if r.state == 'pending' then apply(KEYS[2], r.ns, r.charge, -1) end
+      redis.call('HDEL', KEYS[3], id)
+    end
+    redis.call('ZREM', KEYS[4], id)
+  end
+end
+local function num(key, field)
+  return tonumber(redis.call('HGET', key, field) or '0') or 0
+end
+"""
+
+_RESERVE = _COMMON + """
+local now = tonumber(ARGV[1])
+local expires = tonumber(ARGV[2])
+local id, ns = ARGV[3], ARGV[4]
+purge(now)
+if ARGV[8] == '1' then
+  local raw = redis.call('HGET', KEYS[3], id)
+  if raw then return {'reused', raw} end
+end
+local charge = cjson.decode(ARGV[5])
+local scopes = {{'tenant', '', cjson.decode(ARGV[6])}}
+if ns ~= '' then table.insert(scopes, {'namespace', ns, cjson.decode(ARGV[7])}) end
+for _, sc in ipairs(scopes) do
+  for res, n in pairs(charge) do
+    local field = sc[2] .. '|' .. res
+    local hard = tonumber(redis.call('HGET', KEYS[6], field) or '') or sc[3][res]
+    if hard then
+      local u, p = num(KEYS[1], field), num(KEYS[2], field)
+      if u + p + n > hard then
+        return {'refused', cjson.encode({sc[1], res, n, u, p, hard})}
+      end
+    end
+  end
+end
+redis.call('HSET', KEYS[3], id, cjson.encode({ns = ns, charge = charge, state = 'pending'}))
+redis.call('ZADD', KEYS[4], expires, id)
+apply(KEYS[2], ns, charge, 1)
+return {'ok', ''}
+"""
+
+_COMMIT = _COMMON + """
+local now = tonumber(ARGV[1])
+local id, objkey, ns = ARGV[2], ARGV[3], ARGV[4]
+local charge = cjson.decode(ARGV[5])
+purge(now)
+local raw = redis.call('HGET', KEYS[3], id)
+if raw then
+  local r = cjson.decode(raw)
+  if r.state == 'pending' then
+    apply(KEYS[2], r.ns, r.charge, -1)
+    r.state = 'committed'
+    redis.call('HSET', KEYS[3], id, cjson.encode(r))
+  end
+end
+if redis.call('HEXISTS', KEYS[5], objkey) == 1 then return 0 end
+redis.call('HSET', KEYS[5], objkey,
+  cjson.encode({ns = ns, res = ARGV[6], charge = charge, at = now}))
+redis.call('ZREM', KEYS[7], objkey)
+apply(KEYS[1], ns, charge, 1)
+return 1
+"""
+
+_RELEASE = _COMMON + """
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if not raw then return 0 end
+local r = cjson.decode(raw)
+if r.state ~= 'pending' then return 0 end
+apply(KEYS[2], r.ns, r.charge, -1)
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+return 1
+"""
+
+_DELETE = _COMMON + """
+local now = tonumber(ARGV[1])
+local objkey = ARGV[2]
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now - tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[7], now, objkey)
+local raw = redis.call('HGET', KEYS[5], objkey)
+if not raw then return false end
+local o = cjson.decode(raw)
+apply(KEYS[1], o.ns, o.charge, -1)
+redis.call('HDEL', KEYS[5], objkey)
+return cjson.encode(o.charge)
+"""
+
+_DELETE_SCOPE = _COMMON + """
+local now = tonumber(ARGV[1])
+local all = ARGV[2] == '1'
+local ns = ARGV[3]
+local n = 0
+local objs = redis.call('HGETALL', KEYS[5])
+for i = 1, #objs, 2 do
+  local o = cjson.decode(objs[i + 1])
+  if all or o.ns == ns then
+    if not all then apply(KEYS[1], o.ns, o.charge, -1) end
+    redis.call('HDEL', KEYS[5], objs[i])
+    redis.call('ZADD', KEYS[7], now, objs[i])
+    n = n + 1
+  end
+end
+if all then
+  redis.call('DEL', KEYS[1], KEYS[6])
+else
+  for _, key in ipairs({KEYS[1], KEYS[6]}) do
+    local fields = redis.call('HKEYS', key)
+    for _, f in ipairs(fields) do
+      if string.sub(f, 1, #ns + 1) == ns .. '|' then redis.call('HDEL', key, f) end
+    end
+  end
+end
+return n
+"""
+
+_USAGE = _COMMON + """
+purge(tonumber(ARGV[1]))
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
+        redis.call('HGETALL', KEYS[6])}
+"""
+
+_SET_LIMIT = """
+if ARGV[2] == '' then redis.call('HDEL', KEYS[6], ARGV[1])
+else redis.call('HSET', KEYS[6], ARGV[1], ARGV[2]) end
+return 1
+"""
+
+_RECONCILE = _COMMON + """
+local now, started = tonumber(ARGV[1]), tonumber(ARGV[2])
+local covered = {}
+for _, r in ipairs(cjson.decode(ARGV[3])) do covered[r] = true end
+local listing = cjson.decode(ARGV[4])
+purge(now)
+local before = redis.call('HGETALL', KEYS[1])
+local added, removed, changed = 0, 0, 0
+local objs = redis.call('HGETALL', KEYS[5])
+for i = 1, #objs, 2 do
+  local key = objs[i]
+  local o = cjson.decode(objs[i + 1])
+  if covered[o.res] then
+    local l = listing[key]
+    if l == nil then
+      if o.at < started then redis.call('HDEL', KEYS[5], key); removed = removed + 1 end
+    else
+      if cjson.encode(l.charge) ~= cjson.encode(o.charge) then
+        o.charge = l.charge
+        redis.call('HSET', KEYS[5], key, cjson.encode(o))
+        changed = changed + 1
+      end
+      listing[key] = nil
+    end
+  end
+end
+for key, l in pairs(listing) do
+  local t = redis.call('ZSCORE', KEYS[7], key)
+  if not (t and tonumber(t) >= started) then
+    redis.call('HSET', KEYS[5], key,
+      cjson.encode({ns = l.ns, res = l.res, charge = l.charge, at = started}))
+    added = added + 1
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. s(started))
+redis.call('DEL', KEYS[1])
+objs = redis.call('HGETALL', KEYS[5])
+for i = 1, #objs, 2 do
+  local o = cjson.decode(objs[i + 1])
+  apply(KEYS[1], o.ns, o.charge, 1)
+end
+return {added, removed, changed, before, redis.call('HGETALL', KEYS[1])}
+"""
+
+
+class RedisLedger(Ledger):
+    def __init__(self, url: str, ttl_seconds: float, clock: Clock | None = None,
+                 prefix: str = "sidecar:quota:", timeout: float = 2.0) -> None:
+        super().__init__(ttl_seconds, clock)
+        self.url = url
+        self.prefix = prefix
+        self.client: aioredis.Redis = aioredis.from_url(
+            url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        c = self.client
+        self._reserve = c.register_script(_RESERVE)
+        self._commit = c.register_script(_COMMIT)
+        self._release = c.register_script(_RELEASE)
+        self._delete = c.register_script(_DELETE)
+        self._delete_scope = c.register_script(_DELETE_SCOPE)
+        self._usage = c.register_script(_USAGE)
+        self._set_limit = c.register_script(_SET_LIMIT)
+        self._reconcile = c.register_script(_RECONCILE)
+
+    def keys(self, tenant: str) -> list[str]:
+        base = f"{self.prefix}{{{tenant}}}:"
+        return [base + k for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb")]
+
+    async def _call(self, script: Any, tenant: str, args: list[Any]) -> Any:
+        try:
+            return await script(keys=self.keys(tenant), args=args)
+        except (RedisError, OSError) as exc:
+            raise LedgerError(f"redis ledger: {exc}") from exc
+
+    async def _index(self, tenant: str) -> None:
+        try:
+            await self.client.sadd(f"{self.prefix}tenants", tenant)
+        except (RedisError, OSError) as exc:
+            raise LedgerError(f"redis ledger: {exc}") from exc
+
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except (RedisError, OSError) as exc:
+            raise LedgerError(f"redis ledger: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def reserve(
+        self,
+        tenant: str,
+        namespace: str,
+        charge: Mapping[str, int],
+        tenant_limits: Mapping[str, int],
+        namespace_limits: Mapping[str, int],
+        reservation_id: str,
+        idempotent: bool = False,
+    ) -> Reservation:
+        now = self.clock()
+        charge = {k: int(v) for k, v in charge.items() if v > 0}
+        await self._index(tenant)
+        status, payload = await self._call(self._reserve, tenant, [
+            repr(now), repr(now + self.ttl), reservation_id, namespace,
+            _enc(charge), _enc(tenant_limits), _enc(namespace_limits),
+            "1" if idempotent else "0",
+        ])
+        if status == "refused":
+            scope, res, n, used, inprog, hard = json.loads(payload)
+            raise QuotaExceeded(scope, tenant, namespace, res, int(n), int(used), int(inprog),
+                                int(hard))
+        if status == "reused":
+            r = json.loads(payload)
+            return Reservation(reservation_id, tenant, r["ns"], _charge(r["charge"]),
+                               reused=True, state=r["state"])
+        return Reservation(reservation_id, tenant, namespace, charge)
+
+    async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
+        r = reservation
+        obj = ObjectRef(r.tenant, r.namespace, resource, name)
+        result = await self._call(self._commit, r.tenant, [
+            repr(self.clock()), r.id, obj.key, r.namespace, _enc(r.charge), resource,
+        ])
+        return bool(result)
+
+    async def release(self, reservation: Reservation) -> None:
+        await self._call(self._release, reservation.tenant, [reservation.id])
+
+    async def delete(self, obj: ObjectRef) -> Charge | None:
+        raw = await self._call(self._delete, obj.tenant, [
+            repr(self.clock()), obj.key, repr(TOMBSTONE_SECONDS),
+        ])
+        return _charge(json.loads(raw)) if raw else None
+
+    async def delete_scope(self, tenant: str, namespace: str | None) -> int:
+        n = await self._call(self._delete_scope, tenant, [
+            repr(self.clock()), "1" if namespace is None else "0", namespace or "",
+        ])
+        return int(n)
+
+    async def usage(self, tenant: str) -> Usage:
+        used, inprog, limits = await self._call(self._usage, tenant, [repr(self.clock())])
+        return Usage(_nest(used), _nest(inprog), _nest(limits))
+
+    async def set_limit(self, tenant: str, namespace: str, resource: str, hard: int | None) -> None:
+        await self._index(tenant)
+        await self._call(self._set_limit, tenant, [
+            f"{namespace}|{resource}", "" if hard is None else str(int(hard)),
+        ])
+
+    async def tenants(self) -> list[str]:
+        try:
+            members = await self.client.smembers(f"{self.prefix}tenants")
+        except (RedisError, OSError) as exc:
+            raise LedgerError(f"redis ledger: {exc}") from exc
+        return sorted(str(m) for m in members)
+
+    async def reconcile_set(
+        self,
+        tenant: str,
+        resources: list[str],
+        objects: Mapping[ObjectRef, Charge],
+        started_at: float,
+    ) -> ReconcileResult:
+        await self._index(tenant)
+        listing = {
+            o.key: {"ns": o.namespace, "res": o.resource, "charge": dict(ch)}
+            for o, ch in objects.items() if o.tenant == tenant
+        }
+        added, removed, changed, before, after = await self._call(
+            self._reconcile, tenant, [
+                repr(self.clock()), repr(started_at), json.dumps(list(resources)),
+                json.dumps(listing) if listing else "{}",
+            ])
+        return ReconcileResult(int(added), int(removed), int(changed),
+                               _nest(before).get(TENANT_SCOPE, {}),
+                               _nest(after).get(TENANT_SCOPE, {}))
+
+
+def _enc(mapping: Mapping[str, int]) -> str:
+    # cjson decodes "{}" and "[]" alike; an empty mapping must stay an (empty) object.
+    return json.dumps(dict(mapping)) if mapping else "{}"
+
+
+def _charge(raw: Any) -> Charge:
+    return {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def _nest(flat: list[str]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for i in range(0, len(flat), 2):
+        scope, res = split_field(flat[i])
+        amount = int(flat[i + 1])
+        out.setdefault(scope, {})[res] = amount
+    return out

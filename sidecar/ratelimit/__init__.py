@@ -1,0 +1,1 @@
+"""Per-tenant rate limits: local token buckets and the optional global Redis tier."""

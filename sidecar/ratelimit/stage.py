@@ -1,0 +1,310 @@
+"""The rate-limit stages: per-tenant limits after authorization, and the per-address
+limit for unauthenticated requests before identity (DESIGN §6).
+
+`make_stage(rt)` keys every bucket by the CALLER's tenant (from `ctx.identity`), never
+the tenant named in the URL, so a request naming another tenant cannot drain that
+tenant's bucket. Order inside the stage: in-flight slot, local buckets, global tier
+(if configured), then the rest of the chain; a refusal reads no body and makes no
+upstream call. In dry-run mode (global or per tenant) would-be refusals are counted
+as `would_limit` and the request goes on.
+
+`make_anonymous_stage(rt)` runs before identity. A request with no credentials at
+all is charged to its client address's bucket before any authentication work. A
+request with credentials is never limited by the address (many tenants share one
+address behind a load balancer); only when its authentication FAILS is the failure
+charged to the address, and once the address's budget is spent such failures are
+answered 429 instead of 401.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from urllib.parse import urlsplit, urlunsplit
+
+from aiohttp import web
+
+from sidecar.config import Config
+from sidecar.context import RequestContext
+from sidecar.errors import StatusError
+from sidecar.metrics import Metrics
+from sidecar.pipeline import Handler, Stage
+from sidecar.policy.modes import DRY_RUN, mode_for
+from sidecar.ratelimit.gcra_redis import DEFAULT_PREFIX, GlobalTier
+from sidecar.ratelimit.inflight import InFlight
+from sidecar.ratelimit.local import Clock, LocalLimiter, Verdict, tightest
+from sidecar.ratelimit.spec import Rate, TenantLimits
+from sidecar.runtime import Runtime
+
+EXTRAS_KEY = "ratelimit"
+LOCAL, GLOBAL, INFLIGHT, ANONYMOUS = "local", "global", "inflight", "anonymous"
+ALLOWED, LIMITED, WOULD_LIMIT = "allowed", "limited", "would_limit"
+
+
+class RateLimiter:
+    """The state both stages share: buckets, in-flight counts and the global tier."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        *,
+        clock: Clock | None = None,
+        global_tier: GlobalTier | None = None,
+    ) -> None:
+        rl = config.rate_limit
+        self.config = config
+        self.metrics = metrics
+        self.max_wait = rl.max_wait
+        self.local = LocalLimiter(rl.max_buckets, clock)
+        self.anonymous = LocalLimiter(rl.max_buckets, clock)
+        anon = rl.anonymous
+        self.anonymous_rate = Rate(anon.rate, max(1, anon.burst)) if anon.rate > 0 else None
+        self.inflight = InFlight()
+        self.global_tier = global_tier
+        if global_tier is None and rl.global_:
+            self.global_tier = GlobalTier(
+                rl.global_,
+                metrics,
+                prefix=rl.global_prefix or DEFAULT_PREFIX,
+                timeout=rl.redis_timeout,
+                log_interval=rl.fail_open_log_interval,
+            )
+
+    def count(self, tenant: str, tier: str, result: str) -> None:
+        self.metrics.ratelimit.labels(self.metrics.tenant(tenant), tier, result).inc()
+
+    def dry_run(self, ctx: RequestContext, tenant: str | None) -> bool:
+        return mode_for(self.config.mode, ctx.policy.tenant_modes, tenant) == DRY_RUN
+
+    async def ready(self, policy_describe: str) -> tuple[bool, str]:
+        detail = policy_describe
+        if self.global_tier is not None:
+            _ok, state = await self.global_tier.ping()
+            detail += f"; global tier {redact(self.global_tier.url)}: {state}"
+        else:
+            detail += "; global tier: off (local buckets only)"
+        return True, detail
+
+
+def bucket_specs(limits: TenantLimits, user: str, verb: str) -> list[tuple[str, Rate]]:
+    """(key suffix, rate) of every bucket a request of this user and verb draws from."""
+    out: list[tuple[str, Rate]] = []
+    cls = limits.bucket_for(verb)
+    if cls is not None:
+        out.append(cls)
+    if limits.users is not None:
+        out.append(("u:" + user, limits.users))
+    return out
+
+
+def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusError:
+    headers = verdict.headers() if verdict is not None else {}
+    headers["Retry-After"] = str(max(1, retry_after))
+    return StatusError(
+        429, message, details={"retryAfterSeconds": max(1, retry_after)}, headers=headers
+    )
+
+
+class TenantRateLimitStage:
+    """Per-tenant (and per-user) buckets plus the in-flight limit, after authorization."""
+
+    name = "ratelimit"
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+
+    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
+        identity = ctx.identity
+        if identity is None:
+            return await call_next(ctx)
+        tenant = identity.tenant
+        limits = ctx.policy.rate_limits.for_tenant(tenant)
+        if limits is None:
+            return await call_next(ctx)
+        lim = self.limiter
+        dry = lim.dry_run(ctx, tenant)
+        verb = ctx.target.verb if ctx.target is not None else ctx.request.method.lower()
+        specs = bucket_specs(limits, identity.user, verb)
+        keys = [((tenant, suffix), spec) for suffix, spec in specs]
+
+        # Watches are long-running by design; counting them would pin the limit.
+        tracked = limits.max_in_flight is not None and verb != "watch"
+        if tracked and not lim.inflight.try_enter(tenant, limits.max_in_flight):
+            if not dry:
+                lim.count(tenant, INFLIGHT, LIMITED)
+                ctx.audit["ratelimit"] = "limited:inflight"
+                raise too_many(
+                    f"too many requests in flight for tenant {tenant!r} "
+                    f"(limit {limits.max_in_flight})",
+                    lim.local.peek(keys),
+                    1,
+                )
+            lim.count(tenant, INFLIGHT, WOULD_LIMIT)
+            ctx.audit["ratelimit"] = "would_limit:inflight"
+            lim.inflight.enter(tenant)
+        try:
+            verdict = await self._check(ctx, tenant, specs, keys, dry)
+            if verdict is not None:
+                headers = verdict.headers()
+                headers.pop("Retry-After", None)
+                ctx.response_headers.update(headers)
+            return await call_next(ctx)
+        finally:
+            if tracked:
+                lim.inflight.leave(tenant)
+
+    async def _check(
+        self,
+        ctx: RequestContext,
+        tenant: str,
+        specs: list[tuple[str, Rate]],
+        keys: list[tuple[tuple[str, str], Rate]],
+        dry: bool,
+    ) -> Verdict | None:
+        lim = self.limiter
+        verdict = await lim.local.acquire(keys, lim.max_wait)
+        if verdict is None:
+            return None
+        if not verdict.allowed:
+            return self._refuse(ctx, tenant, LOCAL, verdict, dry)
+        if lim.global_tier is not None:
+            shared = await lim.global_tier.acquire(tenant, specs)
+            if shared is not None:
+                if not shared.allowed:
+                    return self._refuse(ctx, tenant, GLOBAL, shared, dry)
+                lim.count(tenant, GLOBAL, ALLOWED)
+                ctx.audit.setdefault("ratelimit", ALLOWED)
+                return tightest([verdict, shared])
+        lim.count(tenant, LOCAL, ALLOWED)
+        ctx.audit.setdefault("ratelimit", ALLOWED)
+        return verdict
+
+    def _refuse(
+        self, ctx: RequestContext, tenant: str, tier: str, verdict: Verdict, dry: bool
+    ) -> Verdict:
+        lim = self.limiter
+        if dry:
+            lim.count(tenant, tier, WOULD_LIMIT)
+            ctx.audit["ratelimit"] = f"would_limit:{tier}"
+            return verdict
+        lim.count(tenant, tier, LIMITED)
+        ctx.audit["ratelimit"] = f"limited:{tier}"
+        raise too_many(
+            f"too many requests for tenant {tenant!r}; retry after {verdict.retry_after}s",
+            verdict,
+            verdict.retry_after,
+        )
+
+
+def has_credentials(request: web.BaseRequest) -> bool:
+    """Whether the request carries anything an authenticator could accept."""
+    headers = request.headers
+    return "Authorization" in headers or "X-Remote-User" in headers
+
+
+class AnonymousRateLimitStage:
+    """Per-client-address limit for requests without (valid) credentials."""
+
+    name = "ratelimit-anonymous"
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+
+    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
+        lim = self.limiter
+        spec = lim.anonymous_rate
+        if spec is None:
+            return await call_next(ctx)
+        address = ctx.request.remote or "unknown"
+        if not has_credentials(ctx.request):
+            verdict = await lim.anonymous.acquire([(address, spec)], 0.0)
+            if verdict is not None and not verdict.allowed:
+                if not lim.dry_run(ctx, None):
+                    lim.count("", ANONYMOUS, LIMITED)
+                    ctx.audit["ratelimit"] = "limited:anonymous"
+                    raise too_many(
+                        f"too many unauthenticated requests from {address}",
+                        verdict,
+                        verdict.retry_after,
+                    )
+                lim.count("", ANONYMOUS, WOULD_LIMIT)
+            else:
+                lim.count("", ANONYMOUS, ALLOWED)
+            return await call_next(ctx)
+        try:
+            response = await call_next(ctx)
+        except StatusError as exc:
+            if exc.code == 401 and ctx.identity is None:
+                await self._charge_failure(ctx, address, spec)
+            raise
+        if response.status == 401 and ctx.identity is None:
+            await self._charge_failure(ctx, address, spec)
+        return response
+
+    async def _charge_failure(self, ctx: RequestContext, address: str, spec: Rate) -> None:
+        """A failed authentication costs its address a token; none left → 429."""
+        lim = self.limiter
+        bucket = lim.anonymous.bucket(address, spec)
+        if bucket.has_capacity():
+            await bucket.acquire()
+            return
+        if lim.dry_run(ctx, None):
+            lim.count("", ANONYMOUS, WOULD_LIMIT)
+            return
+        lim.count("", ANONYMOUS, LIMITED)
+        ctx.audit["ratelimit"] = "limited:anonymous"
+        verdict = lim.anonymous.peek([(address, spec)])
+        retry = bucket.retry_after()
+        raise too_many(
+            f"too many failed authentications from {address}",
+            verdict,
+            retry,
+        )
+
+
+def redact(url: str) -> str:
+    """A URL without its password, for details and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def limiter_for(rt: Runtime) -> RateLimiter:
+    """The one RateLimiter of this runtime, created (and hooked up) on first use."""
+    existing = rt.extras.get(EXTRAS_KEY)
+    if isinstance(existing, RateLimiter):
+        return existing
+    limiter = RateLimiter(rt.config, rt.metrics)
+    rt.extras[EXTRAS_KEY] = limiter
+    tier = limiter.global_tier
+    if tier is not None:
+        rt.on_cleanup.append(tier.close)
+
+    def ready() -> Awaitable[tuple[bool, str]]:
+        return limiter.ready(rt.policy.current.rate_limits.describe())
+
+    rt.ready_checks["ratelimit"] = ready
+    return limiter
+
+
+def make_stage(rt: Runtime) -> Stage:
+    return TenantRateLimitStage(limiter_for(rt))
+
+
+def make_anonymous_stage(rt: Runtime) -> Stage:
+    return AnonymousRateLimitStage(limiter_for(rt))
+
+
+__all__ = [
+    "AnonymousRateLimitStage",
+    "RateLimiter",
+    "TenantRateLimitStage",
+    "limiter_for",
+    "make_anonymous_stage",
+    "make_stage",
+]

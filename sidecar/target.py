@@ -1,0 +1,306 @@
+"""Request-target parsing: an HTTP method, raw path and query become a `RequestTarget`.
+
+Owns the URL grammar of DESIGN §3 and nothing else: no identity, no policy. A short
+path (`/api/v1/namespaces/dev/pods`) parses with `tenant=None, short_path=True`;
+`RequestTarget.resolve_tenant` fills the tenant once the caller is known.
+
+Every malformed target raises `TargetError` (a 400, or 405 for an unknown method);
+the parser never raises anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from urllib.parse import parse_qsl
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "SYSTEM_TENANT",
+    "RequestTarget",
+    "Scope",
+    "TargetError",
+    "is_dns1123_label",
+    "parse_target",
+]
+
+SYSTEM_TENANT = "system"
+DEFAULT_TENANT = "default"
+
+MAX_LABEL = 63
+MAX_NAME = 253
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HEX = frozenset("0123456789abcdefABCDEF")
+# Subresources that belong to the Tenant / Namespace object itself, not resource names.
+_OBJECT_SUBRESOURCES = frozenset({"status", "finalize"})
+_RESOURCE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+_NON_RESOURCE_METHODS = _RESOURCE_METHODS | {"OPTIONS"}
+_WATCH_TRUE = frozenset({"true", "1"})
+
+
+class TargetError(ValueError):
+    """The request target cannot be parsed; `code` is the HTTP status to answer."""
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class Scope(StrEnum):
+    CLUSTER = "cluster"
+    TENANT = "tenant"
+    NAMESPACE = "namespace"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTarget:
+    """What a request addresses. Field names follow Kubernetes' RequestInfo."""
+
+    path: str
+    verb: str
+    resource_request: bool
+    api_group: str = ""
+    api_version: str = ""
+    scope: Scope | None = None
+    tenant: str | None = None
+    namespace: str | None = None
+    resource: str = ""
+    subresource: str = ""
+    name: str = ""
+    # Segments after the subresource, e.g. ("red",) for servers/web1/tags/red.
+    extra: tuple[str, ...] = ()
+    # True when the URL named no tenant and the caller's tenant applies.
+    short_path: bool = False
+
+    @property
+    def is_collection(self) -> bool:
+        return self.resource_request and not self.name
+
+    @property
+    def full_resource(self) -> str:
+        """`resource/subresource` as RBAC rules name it (`servers/tags`)."""
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+    def resolve_tenant(self, caller_tenant: str) -> RequestTarget:
+        """Fill the tenant of a short path: the caller's, `default` for a system caller."""
+        if not self.short_path:
+            return self
+        tenant = DEFAULT_TENANT if caller_tenant == SYSTEM_TENANT else caller_tenant
+        return dataclasses.replace(self, tenant=tenant)
+
+    def as_dict(self) -> dict[str, object]:
+        """The `target` object of `policy explain --json` (DESIGN §5)."""
+        return {
+            "verb": self.verb,
+            "apiGroup": self.api_group,
+            "apiVersion": self.api_version,
+            "scope": self.scope.value if self.scope else None,
+            "tenant": self.tenant,
+            "namespace": self.namespace,
+            "resource": self.resource,
+            "subresource": self.subresource,
+            "name": self.name,
+            "resourceRequest": self.resource_request,
+            "path": self.path,
+        }
+
+
+def is_dns1123_label(value: str) -> bool:
+    return len(value) <= MAX_LABEL and _DNS1123_LABEL.match(value) is not None
+
+
+def parse_target(method: str, raw_path: str, query_string: str = "") -> RequestTarget:
+    """Parse one request. `raw_path` is the path as sent (still percent-encoded)."""
+    method = method.upper()
+    segments = _split_path(raw_path)
+    if not segments or segments[0] not in ("api", "apis"):
+        return _non_resource(method, raw_path)
+
+    # /api/{version}/... or /apis/{group}/{version}/...; shorter is discovery.
+    if segments[0] == "api":
+        if len(segments) < 3:
+            return _non_resource(method, raw_path)
+        group, version, rest = "", segments[1], segments[2:]
+    else:
+        if len(segments) < 4:
+            return _non_resource(method, raw_path)
+        group, version, rest = segments[1], segments[2], segments[3:]
+
+    if method not in _RESOURCE_METHODS:
+        raise TargetError(f"method {method} is not allowed on {raw_path}", code=405)
+
+    watch = False
+    if rest[0] == "watch":
+        watch = True
+        rest = rest[1:]
+        if not rest:
+            raise TargetError("watch/ must be followed by a resource")
+    elif method in ("GET", "HEAD") and query_string and "watch" in query_string:
+        watch = any(k == "watch" and v.lower() in _WATCH_TRUE for k, v in _query(query_string))
+
+    fields = _scope_fields(rest)
+    name = fields["name"]
+    assert isinstance(name, str)
+    verb = _verb(method, bool(name), watch)
+    if watch and method not in ("GET", "HEAD"):
+        raise TargetError("watch is only valid with GET", code=405)
+    return RequestTarget(
+        path=raw_path,
+        verb=verb,
+        resource_request=True,
+        api_group=group,
+        api_version=version,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _scope_fields(rest: list[str]) -> dict[str, object]:
+    """Map the segments after the API prefix to scope/tenant/namespace/resource/name."""
+    if rest[0] == "tenants":
+        if len(rest) == 1:
+            return _item(Scope.CLUSTER, None, None, rest)
+        tenant = _label(rest[1], "tenant")
+        tail = rest[2:]
+        if not tail or tail[0] in _OBJECT_SUBRESOURCES:
+            # The Tenant object itself: /tenants/{t}[/status|/finalize]
+            fields = _item(Scope.CLUSTER, None, None, rest)
+            fields["tenant"] = tenant
+            return fields
+        return _tenant_tail(tenant, tail, short=False)
+    if rest[0] == "namespaces":
+        # A short path: namespace objects and namespaced resources of the caller's tenant.
+        return _tenant_tail(None, rest, short=True)
+    return _item(Scope.CLUSTER, None, None, rest)
+
+
+def _tenant_tail(tenant: str | None, tail: list[str], *, short: bool) -> dict[str, object]:
+    if tail[0] == "namespaces" and len(tail) >= 3 and tail[2] not in _OBJECT_SUBRESOURCES:
+        namespace = _label(tail[1], "namespace")
+        fields = _item(Scope.NAMESPACE, tenant, namespace, tail[2:])
+    else:
+        if tail[0] == "namespaces" and len(tail) >= 2:
+            _label(tail[1], "namespace")
+        fields = _item(Scope.TENANT, tenant, None, tail)
+    fields["short_path"] = short
+    return fields
+
+
+def _item(
+    scope: Scope, tenant: str | None, namespace: str | None, segs: list[str]
+) -> dict[str, object]:
+    """`{resource}[/{name}[/{subresource}[/...]]]` at the given scope."""
+    resource = segs[0]
+    if len(resource) > MAX_NAME:
+        raise TargetError(f"resource {resource[:40]}... is longer than {MAX_NAME} characters")
+    name = segs[1] if len(segs) > 1 else ""
+    if len(name) > MAX_NAME:
+        raise TargetError(f"name {name[:40]}... is longer than {MAX_NAME} characters")
+    return {
+        "scope": scope,
+        "tenant": tenant,
+        "namespace": namespace,
+        "resource": resource,
+        "name": name,
+        "subresource": segs[2] if len(segs) > 2 else "",
+        "extra": tuple(segs[3:]),
+    }
+
+
+def _verb(method: str, has_name: bool, watch: bool) -> str:
+    if watch:
+        return "watch"
+    if method in ("GET", "HEAD"):
+        return "get" if has_name else "list"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "update"
+    if method == "PATCH":
+        return "patch"
+    return "delete" if has_name else "deletecollection"
+
+
+def _label(value: str, what: str) -> str:
+    if not is_dns1123_label(value):
+        if len(value) > MAX_LABEL:
+            raise TargetError(f"{what} name is longer than {MAX_LABEL} characters")
+        raise TargetError(
+            f"{what} name {value!r} is not a DNS-1123 label "
+            "(lower-case letters, digits and '-', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _non_resource(method: str, raw_path: str) -> RequestTarget:
+    if method not in _NON_RESOURCE_METHODS:
+        raise TargetError(f"method {method} is not allowed", code=405)
+    return RequestTarget(path=raw_path, verb=method.lower(), resource_request=False)
+
+
+def _split_path(raw_path: str) -> list[str]:
+    """Split on literal '/', then decode each segment: `%2F` stays inside its segment."""
+    if not raw_path.startswith("/"):
+        raise TargetError("the path must start with '/'")
+    if "?" in raw_path or "#" in raw_path:
+        raw_path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if raw_path == "/":
+        return []
+    parts = raw_path[1:].split("/")
+    out = []
+    for raw in parts:
+        if raw == "":
+            raise TargetError("the path has an empty segment ('//' or a trailing '/')")
+        seg = _decode(raw)
+        if seg in (".", ".."):
+            raise TargetError("the path has a '.' or '..' segment")
+        out.append(seg)
+    return out
+
+
+def _decode(raw: str) -> str:
+    if "%" not in raw:
+        if not raw.isascii():
+            # aiohttp hands us raw bytes decoded as UTF-8 with surrogate escapes.
+            try:
+                raw.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TargetError("the path is not valid UTF-8") from None
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+            raise TargetError("the path contains control characters")
+        return raw
+    buf = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c == "%":
+            if i + 2 >= n:
+                raise TargetError("invalid percent-encoding in the path")
+            hi, lo = raw[i + 1], raw[i + 2]
+            if hi not in _HEX or lo not in _HEX:
+                raise TargetError("invalid percent-encoding in the path")
+            buf.append(int(hi + lo, 16))
+            i += 3
+        else:
+            try:
+                buf += c.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TargetError("the path is not valid UTF-8") from None
+            i += 1
+    try:
+        text = buf.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TargetError("the path is not valid UTF-8") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise TargetError("the path contains control characters")
+    return text
+
+
+def _query(query_string: str) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(query_string, keep_blank_values=True, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise TargetError("the query string is not valid") from None

@@ -1,0 +1,255 @@
+"""Hard tenant isolation: unit tests of the stage's rule, and the cross-tenant matrix
+through the real sidecar app to a recording upstream that counts what it receives."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.context import Identity
+from sidecar.errors import not_found, tenant_not_found
+from sidecar.isolation import outside_caller_tenant, refusal
+from sidecar.target import parse_target
+from tests.test_identity_support import (
+    RecordingUpstream,
+    recording_upstream,
+    running_sidecar,
+    status_body,
+    write_tokens,
+)
+
+ALICE = Identity("alice", "acme", ("users",), "static-token")
+OPERATOR = Identity("root", "system", ("operators",), "static-token")
+
+# token → identity, for the two tenants and an operator.
+TOKENS = [
+    {"token": "acme-user", "user": "alice", "tenant": "acme", "groups": ["users"]},
+    {"token": "beta-user", "user": "alice", "tenant": "beta", "groups": ["users"]},
+    {"token": "operator", "user": "root", "tenant": "system", "groups": ["operators"]},
+]
+TOKEN_OF = {"acme": "acme-user", "beta": "beta-user", "system": "operator"}
+
+
+def target(method: str, path: str, caller: Identity = ALICE) -> Any:
+    path, _, query = path.partition("?")
+    return parse_target(method, path, query).resolve_tenant(caller.tenant)
+
+
+# -- the rule ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "outside"),
+    [
+        ("/api/v1/tenants/acme/namespaces/dev/pods", False),
+        ("/api/v1/namespaces/dev/pods", False),  # short path → the caller's tenant
+        ("/api/v1/tenants/acme", False),  # its own Tenant object
+        ("/api/v1/tenants/beta/namespaces/dev/pods", True),
+        ("/api/v1/tenants/beta", True),
+        ("/api/v1/tenants", True),
+        ("/api/v1/pods", True),
+        ("/api/v1/nodes/n1", True),
+        ("/apis/rbac.authorization.k8s.io/v1/clusterroles", True),
+        ("/version", False),  # non-resource URLs are for authorization
+    ],
+)
+def test_outside_caller_tenant(path: str, outside: bool) -> None:
+    assert outside_caller_tenant(ALICE, target("GET", path)) is outside
+
+
+def test_short_path_of_an_operator_is_the_default_tenant() -> None:
+    t = target("GET", "/api/v1/namespaces/dev/pods", OPERATOR)
+    assert t.tenant == "default"
+    assert outside_caller_tenant(OPERATOR, t)
+
+
+def test_refusal_bodies() -> None:
+    other = target("GET", "/api/v1/tenants/beta/namespaces/dev/pods")
+    assert refusal(ALICE, other, conceal=True).body() == tenant_not_found("beta").body()
+    node = target("GET", "/api/v1/nodes/n1")
+    assert refusal(ALICE, node, conceal=True).body() == not_found("nodes", "n1").body()
+    forbidden = refusal(ALICE, other, conceal=False)
+    assert forbidden.code == 403 and "beta" in forbidden.message
+
+
+# -- the matrix through the sidecar ---------------------------------------------------
+
+
+def matrix(owner: str) -> list[tuple[str, str]]:
+    """Every scope and every verb of tenant `owner`'s objects."""
+    ns = f"/api/v1/tenants/{owner}/namespaces/dev"
+    servers = f"/apis/compute/v1/tenants/{owner}/namespaces/dev/servers"
+    return [
+        # namespace scope: item verbs, collection verbs, subresources, watch
+        ("GET", f"{ns}/pods/p1"),
+        ("PUT", f"{ns}/pods/p1"),
+        ("PATCH", f"{ns}/pods/p1"),
+        ("DELETE", f"{ns}/pods/p1"),
+        ("GET", f"{ns}/pods/p1/log"),
+        ("GET", f"{ns}/pods"),
+        ("GET", f"{ns}/pods?watch=true"),
+        ("GET", f"/api/v1/watch/tenants/{owner}/namespaces/dev/pods"),
+        ("POST", f"{ns}/pods"),
+        ("DELETE", f"{ns}/pods"),
+        ("HEAD", f"{ns}/pods/p1"),
+        ("GET", f"{servers}/web1/tags"),
+        ("PUT", f"{servers}/web1/tags/red"),
+        ("DELETE", f"{servers}/web1/tags/red"),
+        ("POST", f"/apis/apps/v1/tenants/{owner}/namespaces/dev/deployments"),
+        # tenant scope: namespaces and tenant-scoped resources
+        ("GET", f"{ns}"),
+        ("PUT", f"{ns}"),
+        ("PATCH", f"{ns}"),
+        ("DELETE", f"{ns}"),
+        ("PUT", f"{ns}/status"),
+        ("PUT", f"{ns}/finalize"),
+        ("GET", f"/api/v1/tenants/{owner}/namespaces"),
+        ("POST", f"/api/v1/tenants/{owner}/namespaces"),
+        ("DELETE", f"/api/v1/tenants/{owner}/namespaces"),
+        ("GET", f"/api/v1/tenants/{owner}/pods"),  # all namespaces of the tenant
+        ("GET", f"/apis/baremetal/v1/tenants/{owner}/allocations"),
+        ("POST", f"/apis/baremetal/v1/tenants/{owner}/allocations"),
+        ("DELETE", f"/apis/baremetal/v1/tenants/{owner}/allocations/a1"),
+        # the Tenant object itself
+        ("GET", f"/api/v1/tenants/{owner}"),
+        ("PUT", f"/api/v1/tenants/{owner}"),
+        ("PATCH", f"/api/v1/tenants/{owner}"),
+        ("DELETE", f"/api/v1/tenants/{owner}"),
+        ("PUT", f"/api/v1/tenants/{owner}/status"),
+    ]
+
+
+CLUSTER_LEVEL = [
+    ("GET", "/api/v1/pods", "pods", ""),
+    ("GET", "/api/v1/pods?watch=1", "pods", ""),
+    ("GET", "/api/v1/watch/pods", "pods", ""),
+    ("GET", "/apis/compute/v1/servers", "servers", ""),
+    ("GET", "/api/v1/namespaces", None, None),  # short path: own tenant, allowed
+    ("GET", "/api/v1/tenants", "tenants", ""),
+    ("POST", "/api/v1/tenants", "tenants", ""),
+    ("GET", "/api/v1/nodes", "nodes", ""),
+    ("GET", "/api/v1/nodes/n1", "nodes", "n1"),
+    ("PUT", "/api/v1/nodes/n1/power", "nodes/power", "n1"),
+    ("DELETE", "/api/v1/persistentvolumes/pv1", "persistentvolumes", "pv1"),
+    ("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+     "clusterrolebindings", ""),
+]
+
+
+async def send(
+    http: aiohttp.ClientSession, url: str, method: str, path: str, token: str, **kw: Any
+) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
+    data = b'{"metadata": {"name": "x"}}' if method in ("POST", "PUT", "PATCH") else None
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    async with http.request(method, url + path, headers=headers, data=data, **kw) as resp:
+        return resp.status, await resp.read()
+
+
+@pytest.fixture
+async def recorder() -> AsyncIterator[RecordingUpstream]:
+    async with recording_upstream() as rec:
+        yield rec
+
+
+def sidecar_config(tmp: Path, **extra: Any) -> dict[str, Any]:
+    return {"identity.tokenFile": str(write_tokens(tmp, TOKENS)), **extra}
+
+
+async def test_cross_tenant_matrix(tmp_path: Path, recorder: RecordingUpstream) -> None:
+    async with running_sidecar(tmp_path, recorder.url, sidecar_config(tmp_path)) as url:
+        async with aiohttp.ClientSession() as http:
+            for owner, intruder in (("acme", "beta"), ("beta", "acme")):
+                expected = tenant_not_found(owner).body()
+                for method, path in matrix(owner):
+                    status, body = await send(http, url, method, path, TOKEN_OF[intruder])
+                    assert status == 404, (intruder, method, path, body)
+                    if method != "HEAD":
+                        assert status_body(body) == expected, (method, path)
+            assert recorder.forwarded == [], [s.path for s in recorder.forwarded]
+            assert recorder.touching("acme") == [] and recorder.touching("beta") == []
+
+            # Control: the owner's own users pass isolation for the same requests, and
+            # the operator (cluster-wide grant) reaches every tenant.
+            for owner in ("acme", "beta", "system"):
+                for method, path in matrix("acme" if owner == "system" else owner):
+                    if owner != "system" and path.removesuffix("/status").endswith(f"/{owner}"):
+                        continue  # the Tenant object is cluster-scoped: policy decides
+                    before = len(recorder.forwarded)
+                    status, _ = await send(http, url, method, path, TOKEN_OF[owner])
+                    assert status == 200, (owner, method, path)
+                    assert len(recorder.forwarded) == before + 1
+                    assert recorder.forwarded[-1].one("X-Remote-Tenant") == owner
+
+
+async def test_cluster_level_targets(tmp_path: Path, recorder: RecordingUpstream) -> None:
+    async with running_sidecar(tmp_path, recorder.url, sidecar_config(tmp_path)) as url:
+        async with aiohttp.ClientSession() as http:
+            for method, path, resource, name in CLUSTER_LEVEL:
+                before = len(recorder.forwarded)
+                status, body = await send(http, url, method, path, TOKEN_OF["acme"])
+                if resource is None:
+                    assert status == 200 and len(recorder.forwarded) == before + 1
+                    continue
+                assert status == 404 and name is not None, (method, path, body)
+                assert status_body(body) == not_found(resource, name).body()
+                assert len(recorder.forwarded) == before
+                # The operator's ClusterRoleBinding reaches the cluster level.
+                status, _ = await send(http, url, method, path, TOKEN_OF["system"])
+                assert status == 200 and len(recorder.forwarded) == before + 1
+
+
+async def test_concealment_off_gives_403(tmp_path: Path, recorder: RecordingUpstream) -> None:
+    config = sidecar_config(tmp_path, concealOtherTenants=False)
+    async with running_sidecar(tmp_path, recorder.url, config) as url:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/api/v1/tenants/beta/namespaces/dev/pods", "/api/v1/tenants/beta",
+                         "/api/v1/nodes", "/api/v1/pods"):
+                status, body = await send(http, url, "GET", path, TOKEN_OF["acme"])
+                assert status == 403, (path, body)
+                assert status_body(body)["reason"] == "Forbidden"
+    assert recorder.forwarded == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # Path tricks that try to leave the caller's tenant: all refused as malformed.
+        "/api/v1/namespaces/..%2Ftenants%2Fbeta/pods",
+        "/api/v1/namespaces/dev%2F..%2F..%2Ftenants%2Fbeta/pods",
+        "/api/v1/tenants/acme/../beta/namespaces/dev/pods",
+        "/api/v1/tenants/acme/%2E%2E/beta/namespaces/dev/pods",
+        "/api/v1/tenants/beta%2Fnamespaces/dev/pods",
+        "/api/v1/tenants/BETA/namespaces/dev/pods",
+        "/api/v1//tenants/beta/namespaces/dev/pods",
+        "/api/v1/namespaces/Dev/pods",
+    ],
+)
+async def test_short_path_tricks_are_refused(
+    tmp_path: Path, recorder: RecordingUpstream, path: str
+) -> None:
+    async with running_sidecar(tmp_path, recorder.url, sidecar_config(tmp_path)) as url:
+        async with aiohttp.ClientSession() as http:
+            status, body = await send(http, url, "GET", path, TOKEN_OF["acme"])
+    assert status in (400, 404), (path, body)
+    assert status_body(body)["code"] == status
+    assert recorder.forwarded == []
+
+
+async def test_short_path_carries_the_callers_tenant(
+    tmp_path: Path, recorder: RecordingUpstream
+) -> None:
+    spoof = {"X-Remote-Tenant": "beta", "X-Remote-User": "bob"}
+    async with running_sidecar(tmp_path, recorder.url, sidecar_config(tmp_path)) as url:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/api/v1/namespaces/dev/pods", "/api/v1/watch/namespaces/dev/pods",
+                         "/api/v1/namespaces/dev/pods?tenant=beta"):
+                status, _ = await send(http, url, "GET", path, TOKEN_OF["acme"], headers=spoof)
+                assert status == 200
+                assert recorder.forwarded[-1].one("X-Remote-Tenant") == "acme"
+                assert recorder.forwarded[-1].one("X-Remote-User") == "alice"

@@ -1,0 +1,234 @@
+"""Ledger conformance: the same behaviour from the SQLite and the Redis backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.quota.ledger import Ledger, ObjectRef, QuotaExceeded, reservation_id
+from tests.test_quota_support import BACKENDS, FakeClock, make_ledger
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def ledger(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> AsyncIterator[Ledger]:
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")
+        led = make_ledger("redis", tmp_path, clock, redis_url=url, prefix=prefix)
+    else:
+        led = make_ledger("sqlite", tmp_path, clock)
+    yield led
+    await led.close()
+
+
+def rid() -> str:
+    return reservation_id("acme", "alice", None)[0]
+
+
+async def test_reserve_commit_counts_used(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1, "requests.cpu": 500},
+                             {"servers": 2}, {}, rid())
+    u = await ledger.usage("acme")
+    assert u.get_in_progress("", "servers") == 1
+    assert u.get_in_progress("dev", "servers") == 1
+    assert u.get_in_progress("", "requests.cpu") == 500
+    assert await ledger.commit(r, "web1", "servers") is True
+    u = await ledger.usage("acme")
+    assert u.get_in_progress("", "servers") == 0
+    assert u.get_used("", "servers") == 1
+    assert u.get_used("dev", "servers") == 1
+    assert u.get_used("dev", "requests.cpu") == 500
+    # A second commit of the same object never double-counts.
+    assert await ledger.commit(r, "web1", "servers") is False
+    assert (await ledger.usage("acme")).get_used("", "servers") == 1
+
+
+async def test_over_quota_names_scope_and_numbers(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid())
+    await ledger.commit(r, "a", "servers")
+    await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid())
+    with pytest.raises(QuotaExceeded) as info:
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid())
+    e = info.value
+    assert (e.scope, e.resource, e.requested, e.used, e.in_progress, e.limit) == (
+        "tenant", "servers", 1, 1, 1, 2)
+
+
+async def test_namespace_refusal_leaves_no_partial_write(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 10}, {"servers": 1},
+                             rid())
+    await ledger.commit(r, "a", "servers")
+    before = await ledger.usage("acme")
+    with pytest.raises(QuotaExceeded) as info:
+        await ledger.reserve("acme", "dev", {"servers": 1, "requests.cpu": 100},
+                             {"servers": 10, "requests.cpu": 1000}, {"servers": 1}, rid())
+    assert info.value.scope == "namespace"
+    after = await ledger.usage("acme")
+    assert after.in_progress == before.in_progress
+    assert after.get_in_progress("", "servers") == 0
+    assert after.get_in_progress("", "requests.cpu") == 0
+    # Another namespace of the same tenant still has room.
+    await ledger.reserve("acme", "prod", {"servers": 1}, {"servers": 10}, {}, rid())
+
+
+async def test_release_returns_capacity_once(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    await ledger.release(r)
+    await ledger.release(r)
+    u = await ledger.usage("acme")
+    assert u.get_in_progress("", "servers") == 0
+    r2 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    assert r2.id != r.id
+
+
+async def test_reservations_expire_after_ttl(ledger: Ledger, clock: FakeClock) -> None:
+    await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    with pytest.raises(QuotaExceeded):
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    clock.advance(ledger.ttl - 1)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
+    clock.advance(2)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
+    await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+
+
+async def test_commit_after_expiry_still_counts_the_object(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
+    clock.advance(ledger.ttl + 1)
+    assert await ledger.commit(r, "late", "servers") is True
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
+
+
+async def test_idempotency_key_reuses_reservation(ledger: Ledger) -> None:
+    key, idem = reservation_id("acme", "alice", "k-1")
+    assert idem
+    r1 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
+    r2 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
+    assert r2.reused and r2.id == r1.id
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
+    await ledger.commit(r2, "web", "servers")
+    r3 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
+    assert r3.reused and r3.state == "committed"
+    await ledger.commit(r3, "web", "servers")
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
+    # Another user's identical key is a different reservation.
+    other, _ = reservation_id("acme", "bob", "k-1")
+    assert other != key
+
+
+async def test_delete_returns_charge_once(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1, "requests.memory": 2048},
+                             {"servers": 1}, {}, rid())
+    await ledger.commit(r, "web", "servers")
+    obj = ObjectRef("acme", "dev", "servers", "web")
+    assert await ledger.delete(obj) == {"servers": 1, "requests.memory": 2048}
+    assert await ledger.delete(obj) is None
+    u = await ledger.usage("acme")
+    assert u.get_used("", "servers") == 0 and u.get_used("dev", "requests.memory") == 0
+    await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+
+
+async def test_api_limits_override_and_persist(ledger: Ledger) -> None:
+    await ledger.set_limit("acme", "", "servers", 1)
+    await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 100}, {}, rid())
+    with pytest.raises(QuotaExceeded) as info:
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 100}, {}, rid())
+    assert info.value.limit == 1
+    await ledger.set_limit("acme", "dev", "servers", 0)
+    u = await ledger.usage("acme")
+    assert u.limits == {"": {"servers": 1}, "dev": {"servers": 0}}
+    await ledger.set_limit("acme", "", "servers", None)
+    assert (await ledger.usage("acme")).limits == {"dev": {"servers": 0}}
+    assert "acme" in await ledger.tenants()
+
+
+async def test_unlimited_resources_still_counted(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"pods": 1}, {}, {}, rid())
+    await ledger.commit(r, "p", "pods")
+    assert (await ledger.usage("acme")).get_used("", "pods") == 1
+
+
+async def test_tenant_scoped_objects_count_at_tenant_level(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "", {"allocations": 1}, {"allocations": 1}, {}, rid())
+    await ledger.commit(r, "a1", "allocations")
+    u = await ledger.usage("acme")
+    assert u.used == {"": {"allocations": 1}}
+
+
+async def test_delete_scope_namespace_and_tenant(ledger: Ledger) -> None:
+    for ns, name in (("dev", "a"), ("dev", "b"), ("prod", "c")):
+        r = await ledger.reserve("acme", ns, {"servers": 1}, {}, {}, rid())
+        await ledger.commit(r, name, "servers")
+    assert await ledger.delete_scope("acme", "dev") == 2
+    u = await ledger.usage("acme")
+    assert u.get_used("", "servers") == 1 and u.get_used("dev", "servers") == 0
+    assert await ledger.delete(ObjectRef("acme", "dev", "servers", "a")) is None
+    await ledger.set_limit("acme", "", "servers", 3)
+    assert await ledger.delete_scope("acme", None) == 1
+    u = await ledger.usage("acme")
+    assert u.get_used("", "servers") == 0 and u.limits == {}
+
+
+async def test_reconcile_corrects_drift_and_keeps_reservations(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    for name in ("a", "b", "gone"):
+        r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+        await ledger.commit(r, name, "servers")
+    pending = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    clock.advance(1)
+    started = clock()
+    # Meanwhile (after the listing started): one new commit, one delete.
+    clock.advance(1)
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    await ledger.commit(r, "new", "servers")
+    await ledger.delete(ObjectRef("acme", "dev", "servers", "b"))
+    listing = {
+        ObjectRef("acme", "dev", "servers", "a"): {"servers": 1, "requests.cpu": 250},
+        ObjectRef("acme", "dev", "servers", "b"): {"servers": 1},
+        ObjectRef("acme", "prod", "servers", "outofband"): {"servers": 1},
+    }
+    result = await ledger.reconcile_set("acme", ["servers"], listing, started)
+    assert (result.added, result.removed, result.changed) == (1, 1, 1)
+    u = await ledger.usage("acme")
+    # a (corrected), new (committed meanwhile), outofband; b deleted meanwhile, gone gone.
+    assert u.get_used("", "servers") == 3
+    assert u.get_used("dev", "servers") == 2
+    assert u.get_used("prod", "servers") == 1
+    assert u.get_used("", "requests.cpu") == 250
+    assert u.get_in_progress("", "servers") == 1
+    await ledger.release(pending)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
+
+
+async def test_reconcile_leaves_other_resources_alone(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"pods": 1}, {}, {}, rid())
+    await ledger.commit(r, "p", "pods")
+    await ledger.reconcile_set("acme", ["servers"], {}, 0.0)
+    assert (await ledger.usage("acme")).get_used("", "pods") == 1
+
+
+async def test_concurrent_reserves_respect_limit(ledger: Ledger) -> None:
+    async def one() -> bool:
+        try:
+            await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 7}, {}, rid())
+            return True
+        except QuotaExceeded:
+            return False
+
+    results = await asyncio.gather(*(one() for _ in range(30)))
+    assert sum(results) == 7
