@@ -9,11 +9,7 @@ links) across 10 / 1,000 / 10,000 tenants as YAML files, then measures:
 About 45% of the generated requests are denials. DESIGN §11 targets at 100k lines /
 10k tenants: p99 ≤ 20 µs on a hit, ≤ 250 µs on a miss, load ≤ 5 s.
 
-    python loadtests/bench_policy.py [--requests N] [--only 1k] [--c-yaml]
-
-`--c-yaml` swaps the policy loader's YAML parser for libyaml's (CSafeLoader, same
-line-tracking constructors) in this process only, to show what that change to
-`sidecar/policy/files.py` would give.
+    python loadtests/bench_policy.py [--requests N] [--only 1k]
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sidecar.context import Identity
-from sidecar.policy import files
 from sidecar.policy.engine import DecisionCache, compile_engine
 from sidecar.policy.files import load_documents
 from sidecar.target import RequestTarget, Scope
@@ -150,26 +145,11 @@ def bench(label: str, lines: int, tenants: int, n: int) -> dict[str, object]:
     }
 
 
-def use_libyaml() -> None:
-    import yaml
-
-    class CLineLoader(yaml.CSafeLoader):  # type: ignore[misc, name-defined]
-        pass
-
-    tags = yaml.resolver.BaseResolver
-    CLineLoader.add_constructor(tags.DEFAULT_MAPPING_TAG, files._construct_mapping)
-    CLineLoader.add_constructor(tags.DEFAULT_SEQUENCE_TAG, files._construct_sequence)
-    files._LineLoader = CLineLoader  # type: ignore[misc]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--only", choices=[s[0] for s in SIZES])
-    parser.add_argument("--c-yaml", action="store_true")
     args = parser.parse_args()
-    if args.c_yaml:
-        use_libyaml()
     print("| policy | compiled lines | tenants | load (parse + compile) | miss p50 / p99 "
           "| hit p50 / p99 | denied |")
     print("|---|---|---|---|---|---|---|")

@@ -17,13 +17,16 @@ from typing import Any
 
 from sidecar.context import Identity
 from sidecar.errors import StatusError
+from sidecar.isolation import outside_caller_tenant
 from sidecar.policy.bundle import PolicyBundle, load_bundle
 from sidecar.policy.compile import print_compiled
-from sidecar.policy.decision import Decision
+from sidecar.policy.decision import Decision, Outcome
 from sidecar.policy.owner import check_create, check_update
 from sidecar.target import RequestTarget, TargetError, parse_target
 
 OUTCOMES = frozenset({"allow", "deny", "filter", "notfound"})
+# The quota API authorizes with the engine alone; it has no isolation stage.
+QUOTA_API_GROUP = "quota.sidecar"
 
 
 def parse_request(method: str, path: str) -> RequestTarget:
@@ -32,20 +35,35 @@ def parse_request(method: str, path: str) -> RequestTarget:
 
 
 def _decide(
-    bundle: PolicyBundle, identity: Identity, target: RequestTarget, obj: Any
+    bundle: PolicyBundle, identity: Identity, target: RequestTarget, obj: Any,
+    conceal: bool = True,
 ) -> tuple[RequestTarget, Decision, bool]:
+    """Decide as the running sidecar does: the isolation stage first (a target outside
+    the caller's tenant that no binding reaches is `notfound`, or `deny` when
+    concealment is off), then the authorize stage's decision."""
+    engine = bundle.engine
     if target.resource_request:
         target = target.resolve_tenant(identity.tenant)
-    engine = bundle.engine
+        if (
+            target.api_group != QUOTA_API_GROUP
+            and outside_caller_tenant(identity, target)
+            and not engine.can_reach(identity, target)
+        ):
+            where = f"tenant {target.tenant!r}" if target.tenant is not None else "cluster level"
+            reason = (f"isolation: {where} is outside the caller's tenant {identity.tenant!r} "
+                      "and no binding in force reaches it")
+            outcome: Outcome = "notfound" if conceal else "deny"
+            return target, Decision(outcome, reason, bundle.revision), False
     match = engine.match(identity, target)
     return target, engine.finish(match, identity, target, obj), match.owner_only
 
 
 def explain(
-    bundle: PolicyBundle, identity: Identity, method: str, path: str, obj: Any = None
+    bundle: PolicyBundle, identity: Identity, method: str, path: str, obj: Any = None,
+    conceal: bool = True,
 ) -> dict[str, Any]:
     """The `policy explain --json` object. Raises TargetError for a malformed path."""
-    target, decision, _ = _decide(bundle, identity, parse_request(method, path), obj)
+    target, decision, _ = _decide(bundle, identity, parse_request(method, path), obj, conceal)
     return {
         "target": target.as_dict(),
         "decision": decision.outcome,
@@ -65,7 +83,9 @@ def case_identity(raw: Any) -> Identity:
     return Identity(user, tenant, tuple(groups), "policytest")
 
 
-def evaluate_case(bundle: PolicyBundle, case: Mapping[str, Any]) -> tuple[str, str, str]:
+def evaluate_case(
+    bundle: PolicyBundle, case: Mapping[str, Any], conceal: bool = True
+) -> tuple[str, str, str]:
     """(actual outcome, reason, rule id) for one PolicyTest case. A malformed case or
     request gives the outcome "error" with the reason."""
     try:
@@ -77,7 +97,7 @@ def evaluate_case(bundle: PolicyBundle, case: Mapping[str, Any]) -> tuple[str, s
         if not isinstance(method, str) or not isinstance(path, str):
             raise ValueError("'request' needs string 'method' and 'path'")
         target, decision, owner_only = _decide(
-            bundle, identity, parse_request(method, path), case.get("object")
+            bundle, identity, parse_request(method, path), case.get("object"), conceal
         )
     except (ValueError, TargetError) as exc:
         return "error", str(getattr(exc, "message", exc)), ""

@@ -66,18 +66,6 @@ def fingerprint(paths: Sequence[str | Path]) -> Fingerprint:
     return tuple(out)
 
 
-def policy_line_count(bundle: PolicyBundle) -> int | None:
-    """Compiled policy lines of a bundle's engine, when the engine says."""
-    engine: Any = bundle.engine
-    for attr in ("line_count", "policy_line_count"):
-        value = getattr(engine, attr, None)
-        if callable(value):
-            value = value()
-        if isinstance(value, int):
-            return value
-    return None
-
-
 class Reloader:
     def __init__(self, store: PolicyStore, metrics: Metrics, config: ReloadConfig) -> None:
         self.store = store
@@ -262,9 +250,7 @@ class Reloader:
     def publish(self) -> None:
         bundle = self.store.current
         self.metrics.policy_info.info({"revision": bundle.revision})
-        lines = policy_line_count(bundle)
-        if lines is not None:
-            self.metrics.policy_rules.set(lines)
+        self.metrics.policy_rules.set(bundle.engine.line_count)
 
     # -- readiness -------------------------------------------------------------------
 

@@ -29,7 +29,6 @@ TEST_KIND = "PolicyTest"
 OUTCOMES = ("allow", "deny", "filter", "notfound")
 # The quota API (/quota/v1/...) is authorized as this group's cluster-scoped `quotas`;
 # test cases address it as /apis/quota.sidecar/v1/quotas[/TENANT].
-QUOTA_API_GROUP = "quota.sidecar"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 _TOP_FIELDS = frozenset({"apiVersion", "kind", "metadata", "cases"})
@@ -253,40 +252,11 @@ def _plain(value: Any) -> Any:
 
 
 def default_evaluator(conceal: bool = True) -> Evaluator:
-    """Decide a case as the running sidecar does: the isolation stage first (a target
-    outside the caller's tenant that no binding can reach is `notfound`, or `deny`
-    with `conceal=False`), then the authorize stage's decision (`evaluate_case`)."""
-    from sidecar.isolation import outside_caller_tenant
-    from sidecar.policy.explain import case_identity, evaluate_case, parse_request
-    from sidecar.target import TargetError
+    """Decide a case as the running sidecar does (isolation, then authorization)."""
+    from sidecar.policy.explain import evaluate_case
 
     def evaluate(bundle: PolicyBundle, case: PolicyCase) -> tuple[str, str, str]:
-        raw = case.as_mapping()
-        try:
-            identity = case_identity(raw["identity"])
-            target = parse_request(case.method, case.path)
-        except (ValueError, TargetError):
-            target = None  # evaluate_case reports the error
-        if target is not None:
-            if target.resource_request:
-                target = target.resolve_tenant(identity.tenant)
-            # The quota API authorizes with the engine alone, no isolation stage.
-            isolated = target.api_group != QUOTA_API_GROUP
-            if (
-                isolated
-                and outside_caller_tenant(identity, target)
-                and not bundle.engine.can_reach(identity, target)
-            ):
-                where = (
-                    f"tenant {target.tenant!r}" if target.tenant is not None else "cluster level"
-                )
-                return (
-                    "notfound" if conceal else "deny",
-                    f"isolation: {where} is outside the caller's tenant "
-                    f"{identity.tenant!r} and no binding in force reaches it",
-                    "",
-                )
-        actual, reason, rule_id = evaluate_case(bundle, raw)
+        actual, reason, rule_id = evaluate_case(bundle, case.as_mapping(), conceal)
         return str(actual), str(reason), str(rule_id or "")
 
     return evaluate
