@@ -4,8 +4,8 @@ Each scenario starts what it needs through a `Stack` (backing store, sidecar(s) 
 a scenario policy and token file written into `OUT/work-SCENARIO/`), offers load,
 stops everything, and writes into OUT: `SCENARIO.csv` (the raw figures),
 `SCENARIO-summary.txt` (one screen, also printed) and `SCENARIO-*.png` charts.
-`scale` multiplies every rate and count (the smoke test runs at 0.1).
-A scenario returns (summary text, every check passed).
+`Options.scale` multiplies every rate and count (the smoke test runs at 0.1).
+A scenario is `f(out, options) -> (summary text, every check passed)`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ class Options:
     @property
     def global_prefix(self) -> str:
         return f"loadtest:{self.run_id}:rl:"
+
 
 LEDGER_PREFIX = "sidecar:quota:"  # the Redis ledger's default key prefix
 
@@ -290,18 +292,91 @@ def _redis_cleanup(tenants: list[str]) -> int:
     return removed
 
 
-async def _race(urls: list[str], tenant: str, n: int) -> list[Record]:
-    """`n` creates at once, spread round-robin over the sidecars."""
+async def _race(urls: list[str], tenant: str, n: int, kill_pid: int | None = None,
+                kill_after: int = 0) -> list[Record]:
+    """`n` creates at once, spread round-robin over the sidecars; with `kill_pid`, that
+    process is SIGKILLed once `kill_after` answers have come back."""
     headers = {"Authorization": f"Bearer token-{tenant}"}
     out: list[Record] = []
+    enough = asyncio.Event()
+
+    def answered(_task: asyncio.Task[None]) -> None:
+        if len(out) >= kill_after:
+            enough.set()
+
     async with new_session() as session:
         start = time.perf_counter()
-        await asyncio.gather(*(
-            send_one(session, ("POST", urls[i % len(urls)] + servers_path(tenant), headers,
-                               {"metadata": {"name": f"s-{i}"}, "spec": {"flavor": "m1.small"}}),
-                     f"sidecar-{i % len(urls)}", tenant, start, out)
-            for i in range(n)))
+        tasks = []
+        for i in range(n):
+            spec = ("POST", urls[i % len(urls)] + servers_path(tenant), headers,
+                    {"metadata": {"name": f"s-{i}"}, "spec": {"flavor": "m1.small"}})
+            task = asyncio.create_task(
+                send_one(session, spec, f"sidecar-{i % len(urls)}", tenant, start, out))
+            task.add_done_callback(answered)
+            tasks.append(task)
+        if kill_pid is not None:
+            await enough.wait()
+            os.kill(kill_pid, signal.SIGKILL)
+        await asyncio.gather(*tasks)
     return out
+
+
+FAULT_TTL = 4.0  # reservation TTL of the sidecars in the SIGKILL round
+KILL_AFTER = 2  # answers received before the SIGKILL: creates are still in flight
+
+
+def _show(url: str, tenant: str) -> tuple[int, int]:
+    _, shown = http("GET", f"{url}/quota/v1/tenants/{tenant}",
+                    headers={"Authorization": f"Bearer token-{tenant}"})
+    return _quota_row(shown)
+
+
+def _race_round(stack: Stack, store_url: str, policies: Path, tokens: Path, backend: str,
+                ledger: str, tenant: str, creates: int, limit: int, sidecars: int,
+                kill: bool) -> tuple[dict[str, Any], list[Record]]:
+    """One race; with `kill`, one sidecar is SIGKILLed mid-race, then
+    `sidecar quota reconcile` runs and the reservations' TTL is waited out."""
+    config = _sidecar_config(stack, policies, tokens, store_url, ledger)
+    if kill:
+        config["quota"] = {"reservationTtlSeconds": FAULT_TTL}
+    tag = "kill" if kill else "clean"
+    procs = [stack.start_sidecar(config, name=f"sidecar-{backend}-{tag}-{i}")
+             for i in range(sidecars)]
+    victim = procs[0].proc.pid if kill else None
+    got = asyncio.run(_race([p.url for p in procs], tenant, creates, victim, KILL_AFTER))
+    killed_at = time.monotonic()
+    codes = Counter(r.status for r in got)
+    quota_403 = sum(1 for r in got if r.status == 403 and r.reason == "QuotaExceeded")
+    real = count_servers(store_url, tenant)
+    survivor = procs[-1]
+    used, in_progress = _show(survivor.url, tenant)
+    row: dict[str, Any] = {
+        "backend": backend, "round": "sigkill+reconcile" if kill else "clean",
+        "sidecars": sidecars, "creates": creates, "limit": limit,
+        "admitted": codes.get(201, 0), "refused_quota_exceeded": quota_403,
+        "other": sum(v for k, v in codes.items() if k not in (201, 403)),
+        "store_objects": real, "ledger_used": used, "ledger_in_progress": in_progress,
+        "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items())),
+    }
+    if not kill:
+        row["pass"] = (row["admitted"] == limit and real == limit and used == limit
+                       and in_progress == 0 and quota_403 == creates - limit)
+    else:
+        assert survivor.config is not None
+        done = subprocess.run(
+            [sys.executable, "-m", "sidecar.cli", "quota", "reconcile", "--config",
+             str(survivor.config), "--tenant", tenant],
+            cwd=str(ROOT), capture_output=True, text=True, timeout=60, check=False)
+        (stack.work / f"reconcile-{backend}.log").write_text(done.stdout + done.stderr)
+        time.sleep(max(0.0, killed_at + FAULT_TTL + 0.5 - time.monotonic()))
+        used_after, in_progress_after = _show(survivor.url, tenant)
+        row.update({"reconcile_exit": done.returncode, "used_after_reconcile": used_after,
+                    "in_progress_after_ttl": in_progress_after})
+        row["pass"] = (real <= limit and done.returncode == 0 and used_after == real
+                       and in_progress_after == 0)
+    for p in procs:
+        p.stop()
+    return row, got
 
 
 def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
@@ -309,82 +384,71 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
     limit = max(3, round(20 * scale))
     creates = max(12, round(200 * scale))
     sidecars = 3
-    run_id = opts.run_id
     backends = ["sqlite"]
     skipped = ""
     if _redis_available():
         backends.append("redis")
     else:
         skipped = f"redis: skipped, no Redis at {REDIS_URL}"
-    tenant_of = {b: f"race-{b}-{run_id}" for b in backends}
+    tenant_of = {(b, k): f"race{'k' if k else ''}-{b}-{opts.run_id}"
+                 for b in backends for k in (False, True)}
+    tenants = list(tenant_of.values())
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
-    all_ok = True
     with Stack(out / "work-quota-race") as stack:
         store = stack.start_store()
-        for t in tenant_of.values():
+        for t in tenants:
             seed_tenant(store.url, t)
-        docs = member_policies(list(tenant_of.values()))
+        docs = member_policies(tenants)
         docs.append({"kind": "QuotaDefaults", "metadata": {"name": "defaults"},
                      "spec": {"hard": {"servers": 1000}}})
-        for t in tenant_of.values():
+        for t in tenants:
             docs.append({"kind": "TenantResourceQuota", "metadata": {"name": t, "tenant": t},
                          "spec": {"hard": {"servers": limit}}})
         policies = stack.write_policies(docs)
-        tokens = stack.write_tokens(tokens_for(list(tenant_of.values())))
+        tokens = stack.write_tokens(tokens_for(tenants))
         try:
             for backend in backends:
-                tenant = tenant_of[backend]
                 ledger = (f"sqlite:///{stack.work / 'ledger.db'}" if backend == "sqlite"
                           else REDIS_URL)
-                procs = [stack.start_sidecar(
-                    _sidecar_config(stack, policies, tokens, store.url, ledger),
-                    name=f"sidecar-{backend}-{i}") for i in range(sidecars)]
-                got = asyncio.run(_race([p.url for p in procs], tenant, creates))
-                records += got
-                codes = Counter(r.status for r in got)
-                admitted = codes.get(201, 0)
-                real = count_servers(store.url, tenant)
-                _, shown = http("GET", f"{procs[0].url}/quota/v1/tenants/{tenant}",
-                                headers={"Authorization": f"Bearer token-{tenant}"})
-                used, in_progress = _quota_row(shown)
-                for p in procs:
-                    p.stop()
-                quota_403 = sum(1 for r in got if r.status == 403 and r.reason == "QuotaExceeded")
-                ok = (admitted == limit and real == limit and used == limit and in_progress == 0
-                      and quota_403 == creates - admitted)
-                all_ok &= ok
-                rows.append({"backend": backend, "sidecars": sidecars, "creates": creates,
-                             "limit": limit, "admitted": admitted,
-                             "refused_403": codes.get(403, 0),
-                             "refused_quota_exceeded": quota_403,
-                             "other": sum(v for k, v in codes.items() if k not in (201, 403)),
-                             "store_objects": real, "ledger_used": used,
-                             "ledger_in_progress": in_progress, "pass": ok,
-                             "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items()))})
+                for kill in (False, True):
+                    row, got = _race_round(stack, store.url, policies, tokens, backend, ledger,
+                                           tenant_of[(backend, kill)], creates, limit,
+                                           sidecars, kill)
+                    rows.append(row)
+                    records += got
         finally:
             if "redis" in backends:
-                _redis_cleanup([tenant_of["redis"]])
+                _redis_cleanup([t for (b, _k), t in tenant_of.items() if b == "redis"])
+    all_ok = bool(rows) and all(bool(r["pass"]) for r in rows)
     report.write_rows(out / "quota-race.csv", rows)
     report.write_records(out / "quota-race-requests.csv", records)
-    report.chart_bars(out / "quota-race.png", [r["backend"] for r in rows],
+    report.chart_bars(out / "quota-race.png", [f"{r['backend']} {r['round']}" for r in rows],
                       {"limit": [float(r["limit"]) for r in rows],
-                       "admitted": [float(r["admitted"]) for r in rows],
+                       "admitted (201)": [float(r["admitted"]) for r in rows],
                        "store objects": [float(r["store_objects"]) for r in rows],
-                       "ledger used": [float(r["ledger_used"]) for r in rows]},
+                       "ledger used": [float(r["ledger_used"]) for r in rows],
+                       "used after reconcile": [float(r.get("used_after_reconcile", math.nan))
+                                                for r in rows]},
                       f"quota-race: {creates} concurrent creates via {sidecars} sidecars",
                       "servers")
     lines = [f"{creates} concurrent creates of servers through {sidecars} sidecar processes "
-             f"sharing one ledger; tenant quota servers={limit}", ""]
-    lines.append(f"{'backend':8} {'admitted':>8} {'limit':>5} {'403 quota':>9} {'other':>5} "
-                 f"{'store':>5} {'used':>5} {'in_prog':>7}  verdict")
+             f"sharing one ledger; tenant quota servers={limit}. Round 'sigkill': one sidecar "
+             f"is SIGKILLed after {KILL_AFTER} answers, then `sidecar quota reconcile`, "
+             f"then the reservation TTL ({FAULT_TTL:g} s) passes.", ""]
+    lines.append(f"{'backend':7} {'round':8} {'201':>4} {'limit':>5} {'403q':>5} {'other':>5} "
+                 f"{'store':>5} {'used':>5} {'inprog':>6} {'used*':>5} {'inprog*':>7}  verdict")
     for r in rows:
-        lines.append(f"{r['backend']:8} {r['admitted']:8d} {r['limit']:5d} "
-                     f"{r['refused_quota_exceeded']:9d} {r['other']:5d} {r['store_objects']:5d} "
-                     f"{r['ledger_used']:5d} {r['ledger_in_progress']:7d}  "
-                     f"{_verdict(bool(r['pass']))}")
-    lines.append("store = the backing store's real object count; used / in_prog = the "
-                 "ledger's (quota show)")
+        lines.append(
+            f"{r['backend']:7} {r['round'].split('+')[0]:8} {r['admitted']:4d} {r['limit']:5d} "
+            f"{r['refused_quota_exceeded']:5d} {r['other']:5d} {r['store_objects']:5d} "
+            f"{r['ledger_used']:5d} {r['ledger_in_progress']:6d} "
+            f"{r.get('used_after_reconcile', ''):>5} {r.get('in_progress_after_ttl', ''):>7}  "
+            f"{_verdict(bool(r['pass']))}")
+    lines += ["store = the backing store's real object count; used / inprog = the ledger "
+              "right after the race; used* after reconcile, inprog* after the TTL.",
+              "clean passes when exactly `limit` are admitted and store = used = limit; "
+              "sigkill passes when store <= limit and reconcile brings used back to store."]
     if skipped:
         lines.append(skipped)
     lines += ["", f"overall: {_verdict(all_ok)}"]

@@ -48,6 +48,7 @@ class Proc:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    config: Path | None = None
 
     @property
     def url(self) -> str:
@@ -60,17 +61,17 @@ class Proc:
             return ""
 
     def stop(self, timeout: float = 8.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # The process leads its own group (start_new_session): forked workers die too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """SIGTERM (a sidecar with workers forwards it and waits for them); if the
+        process has not exited after `timeout`, SIGKILL its whole process group (it
+        leads its own session, so forked workers go too)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
 
 
@@ -176,6 +177,7 @@ class Stack:
         if workers > 1:
             args += ["--workers", str(workers)]
         proc = self._spawn(name, args, port)
+        proc.config = path
         self.wait_ready(proc, "/readyz")
         return proc
 
