@@ -22,7 +22,10 @@ from sidecar.metrics import Metrics
 
 log = logging.getLogger("sidecar.audit")
 
-MAX_BATCH = 512
+MAX_BATCH = 4096
+# Records are collected for this long before one hand-off to the writer thread: a
+# hand-off per record costs more CPU (and GIL switches) than the request itself.
+BATCH_SECONDS = 0.05
 STOP_FLUSH_SECONDS = 5.0
 
 
@@ -91,11 +94,11 @@ class AuditLog:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
+            await asyncio.sleep(BATCH_SECONDS)
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                text = "".join(_safe_encode(r) for r in batch)
-                await loop.run_in_executor(self._executor, self._write, text)
+                await loop.run_in_executor(self._executor, self._write_batch, batch)
                 self.written += len(batch)
             except Exception:  # a broken sink must not kill the drain task
                 log.exception("audit: cannot write %d records", len(batch))
@@ -108,11 +111,12 @@ class AuditLog:
     def _open(self) -> IO[str]:
         return open(self.config.path, "a", encoding="utf-8")
 
-    def _write(self, text: str) -> None:
+    def _write_batch(self, batch: list[dict[str, Any]]) -> None:
+        """In the writer thread: encode and write one batch."""
         stream = self._stream
         if stream is None:
             return
-        stream.write(text)
+        stream.write("".join(_safe_encode(r) for r in batch))
         stream.flush()
 
 

@@ -112,12 +112,12 @@ class AuthorizeStage:
         metrics = self.rt.metrics
         label = metrics.tenant(identity.tenant)
         if refusal is not None and dry_run:
-            metrics.decisions.labels(tenant=label, outcome="would_deny").inc()
+            metrics.child(metrics.decisions, label, "would_deny").inc()
             ctx.audit["authz"]["mode"] = DRY_RUN
             log.info("dry-run: would deny %s %s for %s@%s: %s", target.verb, target.path,
                      identity.user, identity.tenant, decision.reason)
             return await call_next(ctx)
-        metrics.decisions.labels(tenant=label, outcome=decision.outcome).inc()
+        metrics.child(metrics.decisions, label, decision.outcome).inc()
         if refusal is not None:
             raise refusal
         return await call_next(ctx)

@@ -8,6 +8,8 @@ create unbounded series.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -17,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+MAX_CACHED_CHILDREN = 50000
 OTHER_TENANT = "_other"
 NO_TENANT = "_none"
 
@@ -26,6 +29,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.max_tenant_labels = max_tenant_labels
         self._tenants: set[str] = set()
+        # prometheus-client's labels() takes a lock and builds a tuple per call; the
+        # hot path asks `child()` instead, which caches the labelled children.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "sidecar_requests_total",
@@ -121,6 +127,17 @@ class Metrics:
             self._tenants.add(tenant)
             return tenant
         return OTHER_TENANT
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached. Label values must already be bounded
+        (tenants through `tenant()`)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= MAX_CACHED_CHILDREN:
+                self._children.clear()
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

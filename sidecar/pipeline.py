@@ -8,6 +8,7 @@ of stages is decided in `app.py` only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -25,15 +26,11 @@ class Stage(Protocol):
 
 
 def build_chain(stages: Sequence[Stage], terminal: Handler) -> Handler:
-    """Compose stages so that `stages[0]` runs first and `terminal` runs last."""
+    """Compose stages so that `stages[0]` runs first and `terminal` runs last.
+
+    `partial` rather than a wrapper coroutine: every resume of the innermost await
+    passes through each frame of the chain, so one frame per stage, not two."""
     handler = terminal
     for stage in reversed(stages):
-        handler = _link(stage, handler)
+        handler = functools.partial(stage.__call__, call_next=handler)
     return handler
-
-
-def _link(stage: Stage, call_next: Handler) -> Handler:
-    async def run(ctx: RequestContext) -> web.StreamResponse:
-        return await stage(ctx, call_next)
-
-    return run

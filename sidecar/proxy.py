@@ -46,6 +46,8 @@ HOP_BY_HOP = frozenset(
 _REPLACED = frozenset({"host", "content-length", "x-forwarded-for", "x-forwarded-proto",
                        "x-forwarded-host", "x-request-id"})
 _CHUNK = 64 * 1024
+# Upstream answers up to this size (with a Content-Length) are sent in one write.
+SMALL_BODY = 64 * 1024
 # A buffered (owner-filtered) upstream response larger than this is refused with 502.
 MAX_FILTERED_RESPONSE = 256 * 1024 * 1024
 
@@ -117,11 +119,25 @@ class Upstream:
         if ctx.response_filter is not None:
             headers["Accept-Encoding"] = "identity"
         watching = ctx.target is not None and ctx.target.verb == "watch"
+        # A small fixed-length answer is read whole under the same timeout as the headers
+        # and sent in one write; anything else streams.
+        small_ok = not watching and ctx.response_filter is None and request.method != "HEAD"
+        body: bytes | None = None
         try:
             async with asyncio.timeout(None if watching else self.read_timeout):
                 upstream = await self.session.request(
                     request.method, url, headers=headers, data=data, allow_redirects=False
                 )
+                length = upstream.content_length
+                if small_ok and length is not None and length <= SMALL_BODY:
+                    try:
+                        body = await upstream.read()
+                    except aiohttp.ClientError as exc:
+                        upstream.release()
+                        self.metrics.upstream_errors.labels("reset").inc()
+                        raise UpstreamError(
+                            502, f"the upstream failed mid-answer: {_describe(exc)}"
+                        ) from None
         except TimeoutError:
             self.metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamError(504, "the upstream did not answer in time") from None
@@ -133,8 +149,16 @@ class Upstream:
                 raise ConnectionResetError("client went away while sending its body") from None
             self.metrics.upstream_errors.labels("refused").inc()
             raise UpstreamError(502, f"the upstream is unreachable: {_describe(exc)}") from None
+        ctx.status = upstream.status
+        if body is not None:
+            upstream.release()
+            response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
+            _copy_response_headers(upstream, response)
+            response.headers.popall("Content-Length", None)
+            response.headers.update(ctx.response_headers)
+            response.headers["X-Request-Id"] = ctx.request_id
+            return response
         try:
-            ctx.status = upstream.status
             if ctx.response_filter is not None:
                 return await self._filtered(ctx, upstream)
             return await self._stream_back(ctx, upstream, watching)

@@ -34,6 +34,7 @@ MAX_NAME = 253
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HEX = frozenset("0123456789abcdefABCDEF")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Subresources that belong to the Tenant / Namespace object itself, not resource names.
 _OBJECT_SUBRESOURCES = frozenset({"status", "finalize"})
 _RESOURCE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
@@ -269,7 +270,7 @@ def _decode(raw: str) -> str:
                 raw.encode("utf-8")
             except UnicodeEncodeError:
                 raise TargetError("the path is not valid UTF-8") from None
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        if _CONTROL.search(raw):
             raise TargetError("the path contains control characters")
         return raw
     buf = bytearray()
@@ -294,7 +295,7 @@ def _decode(raw: str) -> str:
         text = buf.decode("utf-8")
     except UnicodeDecodeError:
         raise TargetError("the path is not valid UTF-8") from None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+    if _CONTROL.search(text):
         raise TargetError("the path contains control characters")
     return text
 

@@ -38,6 +38,7 @@ class Upstream:
         app = web.Application(client_max_size=200 * MiB)
         app.router.add_route("*", "/download/{size}", self.download)
         app.router.add_route("*", "/slow", self.slow)
+        app.router.add_route("*", "/truncated/{size}", self.truncated)
         app.router.add_route("*", "/api/v1/watch/{tail:.*}", self.watch)
         app.router.add_route("*", "/{tail:.*}", self.echo)
         return app
@@ -72,6 +73,17 @@ class Upstream:
             await response.write(block[:n])
             sent += n
         await response.write_eof()
+        return response
+
+    async def truncated(self, request: web.Request) -> web.StreamResponse:
+        """Promises `size` bytes, sends 10, then drops the connection."""
+        self.seen.append({"method": request.method, "raw_path": request.raw_path})
+        response = web.StreamResponse()
+        response.content_length = int(request.match_info["size"])
+        await response.prepare(request)
+        await response.write(b"0123456789")
+        assert request.transport is not None
+        request.transport.abort()
         return response
 
     async def slow(self, request: web.Request) -> web.Response:
@@ -352,6 +364,28 @@ async def test_upstream_refused_is_502(tmp_path: Path) -> None:
                 assert ready["checks"]["upstream"]["ok"] is False
     finally:
         await server.close()
+
+
+async def test_upstream_dying_mid_small_answer_is_502(sidecar: TestServer) -> None:
+    # A small answer is read whole before anything is sent: the client gets a Status.
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url(sidecar, "/truncated/1000"), headers=ADMIN) as r:
+            assert r.status == 502
+            body = await r.json()
+            assert body["kind"] == "Status" and "mid-answer" in body["message"]
+        async with s.get(url(sidecar, "/healthz")) as r:
+            assert r.status == 200
+
+
+async def test_upstream_dying_mid_large_answer_cuts_the_connection(sidecar: TestServer) -> None:
+    # A large answer is already streaming: the sidecar can only cut the connection.
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with s.get(url(sidecar, "/truncated/1000000"), headers=ADMIN) as r:
+                assert r.status == 200
+                await r.read()
+        async with s.get(url(sidecar, "/healthz")) as r:
+            assert r.status == 200
 
 
 async def test_upstream_too_slow_is_504(

@@ -72,18 +72,18 @@ async def test_slow_sink_never_slows_emit(tmp_path: Path) -> None:
     await log.start()
     gate = asyncio.Event()
     release = asyncio.get_running_loop().create_future()
-    real_write = log._write
+    real_write = log._write_batch
 
-    def stuck_write(text: str) -> None:
+    def stuck_write(batch: list[dict[str, object]]) -> None:
         import time
 
         while not release.done():
             time.sleep(0.01)
-        real_write(text)
+        real_write(batch)
 
-    log._write = stuck_write  # type: ignore[method-assign]
+    log._write_batch = stuck_write  # type: ignore[method-assign]
     log.emit({"first": True})
-    await asyncio.sleep(0.05)  # the drain task is now stuck in the writer thread
+    await asyncio.sleep(0.2)  # past the batch window: the drain is stuck in the writer
     ticks = 0
 
     async def ticker() -> None:

@@ -347,7 +347,7 @@ class DecisionCache:
 
     def _count(self, hit: bool) -> None:
         if self._metrics is not None:
-            self._metrics.decision_cache.labels(result="hit" if hit else "miss").inc()
+            self._metrics.child(self._metrics.decision_cache, "hit" if hit else "miss").inc()
 
     @staticmethod
     def key(engine: PolicyEngine, identity: Identity, target: RequestTarget) -> tuple[Any, ...]:

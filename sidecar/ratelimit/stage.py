@@ -71,7 +71,8 @@ class RateLimiter:
             )
 
     def count(self, tenant: str, tier: str, result: str) -> None:
-        self.metrics.ratelimit.labels(self.metrics.tenant(tenant), tier, result).inc()
+        metrics = self.metrics
+        metrics.child(metrics.ratelimit, metrics.tenant(tenant), tier, result).inc()
 
     def dry_run(self, ctx: RequestContext, tenant: str | None) -> bool:
         return mode_for(self.config.mode, ctx.policy.tenant_modes, tenant) == DRY_RUN
