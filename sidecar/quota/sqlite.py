@@ -5,14 +5,22 @@ one `BEGIN IMMEDIATE` transaction (the write lock is taken before the first read
 two processes can never both pass the same check), the journal is WAL, and a busy
 timeout makes a process wait for another's transaction instead of failing. Within a
 process, all operations run one at a time on a single worker thread.
+
+Between processes, writers also queue on an `flock` of `<db>.lock`: SQLite's own busy
+handler sleeps and retries (up to 100 ms at a time), which under contention from
+several processes starved some creates for seconds; the kernel hands an `flock` over
+as soon as it is released.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,6 +69,7 @@ class SqliteLedger(Ledger):
         self.busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -78,20 +87,35 @@ class SqliteLedger(Ledger):
             except BaseException:
                 conn.close()
                 raise
+            if self.path != ":memory:":
+                self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
             self._conn = conn
         return self._conn
+
+    @contextlib.contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        fd = self._lock_fd
+        if fd is None:
+            yield
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def tx() -> T:
             conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+            with self._write_lock():
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
 
         loop = asyncio.get_running_loop()
         try:
@@ -109,6 +133,9 @@ class SqliteLedger(Ledger):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=False)
