@@ -14,7 +14,7 @@ per-call state).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,7 +135,10 @@ class PolicyEngine:
             sub, role_key, dom = link
             self._links.setdefault((dom, sub), {}).setdefault(role_key, bindings[0].label)
         functions = dict(FUNCTIONS)
-        functions["g"] = self._g
+        # A function over the links table, not a bound method: the evaluator must not
+        # refer back to the engine, so a retired engine is freed by reference counting
+        # alone (the reloader keeps policies out of the cyclic collector's scans).
+        functions["g"] = _role_check(self._links)
         matcher = casbin_util.escape_assertion(self._matcher_text())
         self._expr = CoreEnforcer._get_expression(matcher, functions)
 
@@ -144,10 +147,6 @@ class PolicyEngine:
         from sidecar.policy.compile import new_model
 
         return str(new_model()["m"]["m"].value)
-
-    def _g(self, sub: str, role: str, dom: str) -> bool:
-        roles = self._links.get((dom, sub))
-        return roles is not None and role in roles
 
     # -- public API -------------------------------------------------------------
 
@@ -329,6 +328,16 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
         nd = f"{tenant}/{target.namespace}" if target.scope == Scope.NAMESPACE else NO_DOMAIN
     scope = target.scope.value if target.scope else "cluster"
     return ("", nd, td, scope, target.api_group, target.full_resource, target.name, target.verb)
+
+
+def _role_check(links: dict[tuple[str, str], dict[str, str]]) -> Callable[[str, str, str], bool]:
+    """Casbin's `g(sub, role, dom)` over the engine's (domain, subject) → roles table."""
+
+    def g(sub: str, role: str, dom: str) -> bool:
+        roles = links.get((dom, sub))
+        return roles is not None and role in roles
+
+    return g
 
 
 def compile_engine(docs: Sequence[Document], revision: str) -> tuple[PolicyEngine, list[Problem]]:

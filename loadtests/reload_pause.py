@@ -1,0 +1,96 @@
+"""How long a policy reload stalls the event loop (DESIGN §11: never more than 10 ms).
+
+Loads a generated policy (the generator of `bench_policy.py`), starts a reloader,
+writes a changed policy of the same size and reloads it, while a ticker on the event
+loop wakes every millisecond and allocates a little, as request handling does (so the
+garbage collector runs as it would under traffic). The gaps between ticks are measured
+during the reload and for a while after it (the old policy is released a few seconds
+after the swap), and printed:
+
+    python loadtests/reload_pause.py [--lines 10000 100000] [--after 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.bench_policy import generate  # noqa: E402
+from sidecar.config import ReloadConfig  # noqa: E402
+from sidecar.metrics import Metrics  # noqa: E402
+from sidecar.policy.reload import RETIRE_DELAY_SECONDS, Reloader  # noqa: E402
+from sidecar.policy.store import PolicyStore  # noqa: E402
+
+
+def pct(gaps: list[float], q: float) -> float:
+    return sorted(gaps)[min(len(gaps) - 1, int(q * len(gaps)))] * 1000
+
+
+async def measure(lines: int, after: float) -> str:
+    tenants = max(10, lines // 10)
+    work = Path(tempfile.mkdtemp(prefix="reload-pause-"))
+    (work / "p.yaml").write_text(generate(lines, tenants, random.Random(1))[0])
+    t0 = time.perf_counter()
+    store = PolicyStore([work])
+    initial = time.perf_counter() - t0
+    reloader = Reloader(store, Metrics(), ReloadConfig(enabled=False))
+    await reloader.start()
+    (work / "p.yaml").write_text(generate(lines, tenants, random.Random(2))[0])
+
+    during: list[float] = []
+    later: list[float] = []
+    phase = during
+    stop = False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        junk: list[dict[str, int]] = []
+        while not stop:
+            await asyncio.sleep(0.001)
+            junk.append({"i": len(junk)})  # some garbage, as requests make
+            if len(junk) > 200:
+                junk.clear()
+            now = time.perf_counter()
+            phase.append(now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    t0 = time.perf_counter()
+    swapped = await reloader.reload_now()
+    took = time.perf_counter() - t0
+    phase = later
+    await asyncio.sleep(max(after, RETIRE_DELAY_SECONDS + 2))
+    stop = True
+    await task
+    await reloader.stop()
+    return (
+        f"| {store.current.engine.line_count:,} | {initial:.2f} s | {took:.2f} s "
+        f"({'swapped' if swapped else 'NOT swapped'}) | {pct(during, .5):.1f} / "
+        f"{pct(during, .99):.1f} / {max(during) * 1000:.1f} ms | {pct(later, .99):.1f} / "
+        f"{max(later) * 1000:.1f} ms |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--after", type=float, default=8.0,
+                        help="seconds to keep measuring after the swap")
+    args = parser.parse_args()
+    print("| policy lines | initial load | reload | loop gap during reload p50 / p99 / max "
+          "| after the swap p99 / max |")
+    print("|---|---|---|---|---|")
+    for lines in args.lines:
+        print(asyncio.run(measure(lines, args.after)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
