@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadtests.bench_policy import generate  # noqa: E402
-from sidecar.config import ReloadConfig  # noqa: E402
-from sidecar.metrics import Metrics  # noqa: E402
-from sidecar.policy.reload import RETIRE_DELAY_SECONDS, Reloader  # noqa: E402
-from sidecar.policy.store import PolicyStore  # noqa: E402
+from loadtests.bench_policy import generate
+from sidecar.config import ReloadConfig
+from sidecar.metrics import Metrics
+from sidecar.policy.reload import RETIRE_DELAY_SECONDS, Reloader
+from sidecar.policy.store import PolicyStore
 
 
 def pct(gaps: list[float], q: float) -> float:
