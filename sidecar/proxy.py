@@ -45,7 +45,6 @@ HOP_BY_HOP = frozenset(
 # Set by the sidecar itself, never copied from the client.
 _REPLACED = frozenset({"host", "content-length", "x-forwarded-for", "x-forwarded-proto",
                        "x-forwarded-host", "x-request-id"})
-_CHUNK = 64 * 1024
 # Upstream answers up to this size (with a Content-Length) are sent in one write.
 SMALL_BODY = 64 * 1024
 # A buffered (owner-filtered) upstream response larger than this is refused with 502.
@@ -152,12 +151,7 @@ class Upstream:
         ctx.status = upstream.status
         if body is not None:
             upstream.release()
-            response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
-            _copy_response_headers(upstream, response)
-            response.headers.popall("Content-Length", None)
-            response.headers.update(ctx.response_headers)
-            response.headers["X-Request-Id"] = ctx.request_id
-            return response
+            return _whole_response(ctx, upstream, body)
         try:
             if ctx.response_filter is not None:
                 return await self._filtered(ctx, upstream)
@@ -217,13 +211,7 @@ class Upstream:
             raise UpstreamError(502, f"the upstream failed: {_describe(exc)}") from None
         if len(raw) > MAX_FILTERED_RESPONSE:
             raise UpstreamError(502, "the upstream response is too large to filter")
-        body = ctx.response_filter(upstream.status, raw)
-        response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
-        _copy_response_headers(upstream, response)
-        response.headers.popall("Content-Length", None)
-        response.headers.update(ctx.response_headers)
-        response.headers["X-Request-Id"] = ctx.request_id
-        return response
+        return _whole_response(ctx, upstream, ctx.response_filter(upstream.status, raw))
 
     def upstream_headers(self, ctx: RequestContext) -> CIMultiDict[str]:
         request = ctx.request
@@ -341,6 +329,18 @@ def _copy_response_headers(upstream: aiohttp.ClientResponse, response: web.Strea
     for name, value in upstream.headers.items():
         if name.lower() not in drop:
             response.headers.add(name, value)
+
+
+def _whole_response(
+    ctx: RequestContext, upstream: aiohttp.ClientResponse, body: bytes
+) -> web.Response:
+    """A response sent in one write, with the upstream's headers and the sidecar's."""
+    response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
+    _copy_response_headers(upstream, response)
+    response.headers.popall("Content-Length", None)
+    response.headers.update(ctx.response_headers)
+    response.headers["X-Request-Id"] = ctx.request_id
+    return response
 
 
 def _abort(request: web.Request) -> None:
