@@ -33,6 +33,7 @@ class Upstream:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.slow_seconds = 0.0
+        self.slow_arrived = asyncio.Event()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=200 * MiB)
@@ -88,6 +89,7 @@ class Upstream:
 
     async def slow(self, request: web.Request) -> web.Response:
         self.seen.append({"method": request.method, "raw_path": request.raw_path})
+        self.slow_arrived.set()
         await asyncio.sleep(self.slow_seconds)
         return web.json_response({"slow": True})
 
@@ -524,8 +526,7 @@ async def test_sigterm_lets_a_request_in_flight_finish(
     try:
         async with aiohttp.ClientSession() as s:
             pending = asyncio.ensure_future(s.get(f"{proc.url}/slow", headers=ADMIN))
-            await asyncio.sleep(0.5)
-            assert up.seen and up.seen[-1]["raw_path"] == "/slow"
+            await asyncio.wait_for(up.slow_arrived.wait(), 10)  # in flight at the upstream
             proc.proc.send_signal(signal.SIGTERM)
             r = await pending
             assert r.status == 200
