@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,17 +74,20 @@ async def test_slow_sink_never_slows_emit(tmp_path: Path) -> None:
     gate = asyncio.Event()
     release = asyncio.get_running_loop().create_future()
     real_write = log._write_batch
+    entered = threading.Event()
 
     def stuck_write(batch: list[dict[str, object]]) -> None:
         import time
 
+        entered.set()
         while not release.done():
             time.sleep(0.01)
         real_write(batch)
 
     log._write_batch = stuck_write  # type: ignore[method-assign]
     log.emit({"first": True})
-    await asyncio.sleep(0.2)  # past the batch window: the drain is stuck in the writer
+    # The drain has taken the first record and is now stuck in the writer thread.
+    assert await asyncio.to_thread(entered.wait, 10)
     ticks = 0
 
     async def ticker() -> None:
