@@ -1,4 +1,5 @@
-"""`backing-store --host H --port P --db FILE` (also `python -m backing_store`)."""
+"""`backing-store --host H --port P --db FILE [--assume-tenant T]` (also
+`python -m backing_store`)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--db", default="./.backing-store/store.db", help="SQLite file")
     parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument(
+        "--assume-tenant",
+        default=None,
+        metavar="TENANT",
+        help="caller tenant for short paths without X-Remote-Tenant (direct kubectl/curl "
+        "use; 'system' means tenant default); off by default: such a request is a 400",
+    )
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    app = make_app(args.db)
+    app = make_app(args.db, args.assume_tenant)
     runner = web.AppRunner(
         app, access_log=logging.getLogger("aiohttp.access") if args.access_log else None
     )

@@ -5,7 +5,11 @@ One catch-all aiohttp route: the URL is parsed with `sidecar.target.parse_target
 the verb picks a handler. Errors are Kubernetes Status bodies from `sidecar.errors`;
 a missing tenant answers exactly `tenant_not_found(t)`, the body the sidecar uses to
 conceal other tenants. The service trusts `X-Remote-Tenant` (set by the sidecar) to
-resolve short paths.
+resolve short paths; `assume_tenant` (off by default) stands in for a missing header.
+
+Kubernetes client compatibility (DESIGN §10) lives in its own modules: discovery
+documents (`discovery.py`), selectors (`selectors.py`), `dryRun` (`dryrun.py`, run as a
+rolled-back transaction), PATCH types (`patch.py`) and JSON-only bodies (`bodies.py`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -31,8 +37,18 @@ from sidecar.target import (
     parse_target,
 )
 
-from . import baremetal, tags
-from .bodies import MAX_BODY_BYTES, json_response, raw_response, read_json, read_object
+from . import baremetal, discovery, tags
+from .bodies import (
+    MAX_BODY_BYTES,
+    check_media_type,
+    json_response,
+    raw_response,
+    read_body,
+    read_json,
+    read_object,
+)
+from .dryrun import is_dry_run
+from .patch import JSON_PATCH, json_patch, merge_patch
 from .resources import (
     ALLOCATIONS,
     CLUSTER,
@@ -47,6 +63,7 @@ from .resources import (
     namespaced,
     under_tenant,
 )
+from .selectors import Selector, from_query, validate_labels
 from .storage import Clause, Obj, Store, decode_continue, dumps, encode_continue
 from .watch import Hub
 
@@ -56,12 +73,21 @@ RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
 INITIAL_NAMESPACES = (DEFAULT_TENANT, SYSTEM_TENANT)
 STORE_KEY = web.AppKey("store", Store)
 HUB_KEY = web.AppKey("hub", Hub)
-_MERGE_PATCH_TYPES = {
-    "application/merge-patch+json",
-    "application/json",
-    "application/strategic-merge-patch+json",
-}
 _DNS1123_SUBDOMAIN_MAX = 253
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_HEALTH = ("/healthz", "/readyz", "/livez")
+T = TypeVar("T")
+
+
+def run_inline(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that must finish without suspending (no I/O, no other task
+    runs meanwhile): how a dry-run transaction spans an async handler safely."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a handler suspended inside a dry-run transaction")
 
 
 def is_dns1123_subdomain(value: str) -> bool:
@@ -97,14 +123,34 @@ class Loc:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class ListFilter:
+    """The filters of a list, watch or deletecollection: `owner`, tags, selectors."""
+
+    owner: str | None = None
+    tags: dict[str, list[str]] = dc_field(default_factory=dict)
+    selector: Selector = dc_field(default_factory=Selector)
+
+    def clauses(self) -> list[Clause]:
+        return tags.filter_clauses(self.tags) + self.selector.clauses()
+
+    def matches(self, obj: Obj) -> bool:
+        if self.owner is not None and (obj.get("spec") or {}).get("owner") != self.owner:
+            return False
+        if self.tags and not tags.matches(set(obj.get("tags") or []), self.tags):
+            return False
+        return self.selector.matches(obj)
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Service:
-    def __init__(self, store: Store, hub: Hub) -> None:
+    def __init__(self, store: Store, hub: Hub, assume_tenant: str | None = None) -> None:
         self.store = store
         self.hub = hub
+        self.assume_tenant = assume_tenant
         self._seed()
 
     # -- setup --------------------------------------------------------------------
@@ -144,13 +190,12 @@ class Service:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         target = parse_target(request.method, request.raw_path, request.query_string)
         if not target.resource_request:
-            if target.path.split("?", 1)[0] in ("/healthz", "/readyz", "/livez"):
-                return web.Response(text="ok")
-            raise StatusError(
-                404, f"the server could not find the requested resource ({target.path})"
-            )
+            return self._non_resource(request, target)
+        write = request.method in _WRITE_METHODS
+        if write:
+            check_media_type(request)
         if target.short_path:
-            caller = request.headers.get("X-Remote-Tenant", "")
+            caller = request.headers.get("X-Remote-Tenant", "") or self.assume_tenant
             if not caller:
                 raise bad_request(
                     "a path without tenants/{tenant} needs the X-Remote-Tenant header"
@@ -160,6 +205,37 @@ class Service:
         if loc.tenant is not None and not self.store.exists(TENANTS.key(None, None, loc.tenant)):
             raise tenant_not_found(loc.tenant)
 
+        if write and await self._dry_run(request):
+            with self.store.tx(dry_run=True):
+                return run_inline(self._act(request, target, loc))
+        return await self._act(request, target, loc)
+
+    def _non_resource(self, request: web.Request, target: RequestTarget) -> web.Response:
+        path = target.path.split("?", 1)[0]
+        if path in _HEALTH:
+            return web.Response(text="ok")
+        if request.method in ("GET", "HEAD") and path == "/openapi/v2":
+            return web.Response(body=b"", content_type=discovery.OPENAPI_V2_PROTOBUF)
+        if request.method in ("GET", "HEAD") and "%" not in path:
+            doc = discovery.document(path.strip("/").split("/"), request.host)
+            if doc is not None:
+                return json_response(doc)
+        raise StatusError(404, f"the server could not find the requested resource ({path})")
+
+    async def _dry_run(self, request: web.Request) -> bool:
+        """Read the body up front (a dry run then never waits on the network inside its
+        transaction) and tell whether this write is a dry run; 400 for a bad value."""
+        raw = await read_body(request)
+        options: Any = None
+        if request.method == "DELETE" and raw.strip():
+            options = await read_json(request)
+            if not isinstance(options, dict):
+                raise bad_request("a DELETE body must be a DeleteOptions JSON object")
+        return is_dry_run(request, options)
+
+    async def _act(
+        self, request: web.Request, target: RequestTarget, loc: Loc
+    ) -> web.StreamResponse:
         if target.subresource:
             return await self._subresource(request, target, loc)
         verb = target.verb
@@ -237,13 +313,12 @@ class Service:
             raise self._missing(loc)
         return raw_response(raw)
 
-    def _filters(self, request: web.Request, loc: Loc) -> tuple[str | None, list[Clause]]:
+    def _filters(self, request: web.Request, loc: Loc) -> ListFilter:
         query = request.query
-        owner = query.get("owner") or None
         filters = tags.parse_filters(query)
         if filters and loc.rt is not SERVERS:
             raise bad_request("tag filters apply to servers only")
-        return owner, tags.filter_clauses(filters)
+        return ListFilter(query.get("owner") or None, filters, from_query(query))
 
     def _list(self, request: web.Request, loc: Loc) -> web.Response:
         query = request.query
@@ -253,10 +328,12 @@ class Service:
             if not text.isdigit() or int(text) <= 0:
                 raise bad_request(f"limit must be a positive integer, not {text!r}")
             limit = int(text)
-        owner, where = self._filters(request, loc)
+        filters = self._filters(request, loc)
         prefix = loc.prefix
         after = decode_continue(query["continue"], prefix) if query.get("continue") else None
-        page = self.store.scan(prefix, limit=limit, after=after, owner=owner, where=where)
+        page = self.store.scan(
+            prefix, limit=limit, after=after, owner=filters.owner, where=filters.clauses()
+        )
         meta: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
         if page.more and page.last_key is not None:
             meta["continue"] = encode_continue(page.last_key)
@@ -264,10 +341,7 @@ class Service:
         return raw_response(head[:-1] + ',"items":[' + ",".join(page.rows) + "]}")
 
     async def _watch(self, request: web.Request, loc: Loc) -> web.StreamResponse:
-        owner = request.query.get("owner") or None
-        filters = tags.parse_filters(request.query)
-        if filters and loc.rt is not SERVERS:
-            raise bad_request("tag filters apply to servers only")
+        filters = self._filters(request, loc)
         timeout: float | None = None
         if "timeoutSeconds" in request.query:
             text = request.query["timeoutSeconds"]
@@ -282,11 +356,18 @@ class Service:
                     return False
             elif not key.startswith(prefix):
                 return False
-            if owner is not None and (obj.get("spec") or {}).get("owner") != owner:
-                return False
-            return not filters or tags.matches(set(obj.get("tags") or []), filters)
+            return filters.matches(obj)
 
-        return await self.hub.stream(request, wants, timeout)
+        initial: list[str] = []
+        if request.query.get("resourceVersion") == "0":
+            # Kubernetes' "start at any": the current objects first, as ADDED events
+            # (kubectl's `get NAME --watch` drops that first event). Scanned with no await
+            # before the watcher is registered, so no change falls in between.
+            page = self.store.scan(
+                prefix, owner=filters.owner, where=filters.clauses(), exact=exact
+            )
+            initial = ['{"type":"ADDED","object":' + raw + "}\n" for raw in page.rows]
+        return await self.hub.stream(request, wants, timeout, initial)
 
     # -- writes -------------------------------------------------------------------
 
@@ -345,6 +426,7 @@ class Service:
                 raise bad_request(f"metadata.{field} {got!r} does not match the URL ({want!r})")
         if "tags" in obj and loc.rt is not SERVERS:
             raise bad_request(f"{loc.rt.plural} do not take tags")
+        validate_labels(meta.get("labels"))
         return body_name
 
     async def _create(self, request: web.Request, loc: Loc) -> web.Response:
@@ -388,21 +470,22 @@ class Service:
     async def _update(self, request: web.Request, loc: Loc, *, patch: bool) -> web.Response:
         if not loc.name:
             raise StatusError(405, f"{request.method} needs an item, not a collection")
-        if patch:
-            ctype = request.content_type
-            if ctype not in _MERGE_PATCH_TYPES:
-                raise StatusError(
-                    415,
-                    f"PATCH takes a JSON merge patch (application/merge-patch+json), not {ctype}",
-                )
-        body = await read_object(request)
+        json_ops = patch and request.content_type == JSON_PATCH
+        body: Any = await (read_json(request) if json_ops else read_object(request))
         current = self.store.get(loc.key)
         if current is None:
             raise self._missing(loc)
         cur_meta = current["metadata"]
-        body_meta = body.get("metadata")
-        want_rv = body_meta.get("resourceVersion") if isinstance(body_meta, dict) else None
-        obj = merge_patch(current, body) if patch else body
+        if json_ops:
+            # a JSON patch states its preconditions with `test` operations
+            want_rv = None
+            obj = json_patch(current, body)
+            sets_tags = isinstance(obj, dict) and obj.get("tags") != current.get("tags")
+        else:
+            body_meta = body.get("metadata")
+            want_rv = body_meta.get("resourceVersion") if isinstance(body_meta, dict) else None
+            obj = merge_patch(current, body) if patch else body
+            sets_tags = "tags" in body
         if not isinstance(obj, dict):
             raise bad_request("the patched object is not a JSON object")
         self._check_body(obj, loc, name=loc.name)
@@ -415,7 +498,7 @@ class Service:
             )
         new_tags: list[str] | None = None
         if loc.rt is SERVERS:
-            if "tags" in body:
+            if sets_tags:
                 new_tags = tags.validate_tags(obj.get("tags") or [])
                 obj["tags"] = new_tags
             else:
@@ -470,8 +553,8 @@ class Service:
             raise StatusError(
                 405, f"deletecollection of {loc.rt.plural} needs the {loc.rt.scope} in the URL"
             )
-        owner, where = self._filters(request, loc)
-        page = self.store.scan(loc.prefix, owner=owner, where=where)
+        filters = self._filters(request, loc)
+        page = self.store.scan(loc.prefix, owner=filters.owner, where=filters.clauses())
         with self.store.tx():
             for key in page.keys:
                 name = key.rsplit("/", 1)[1]
@@ -510,34 +593,28 @@ class Service:
             return json_response(current)
         if request.method not in ("PUT", "PATCH"):
             raise StatusError(405, f"{request.method} is not allowed on status")
-        body = await read_object(request)
-        status = body.get("status")
-        if request.method == "PATCH":
-            status = merge_patch(current.get("status"), status)
+        if request.method == "PATCH" and request.content_type == JSON_PATCH:
+            patched = json_patch(current, await read_json(request))
+            status = patched.get("status") if isinstance(patched, dict) else None
+        else:
+            body = await read_object(request)
+            status = body.get("status")
+            if request.method == "PATCH":
+                status = merge_patch(current.get("status"), status)
         current["status"] = status
         self.store.write(loc.key, current, create=False)
         return json_response(current)
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
+def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
+    """The backing store application over the SQLite file `db_path`.
 
-
-def make_app(db_path: str) -> web.Application:
-    """The backing store application over the SQLite file `db_path`."""
+    `assume_tenant`: the caller tenant of a short path without `X-Remote-Tenant` (for
+    talking to the store directly, e.g. kubectl); None keeps such a request a 400."""
     store = Store(db_path)
     hub = Hub()
     store.listeners.append(hub.publish)
-    service = Service(store, hub)
+    service = Service(store, hub, assume_tenant)
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE_KEY] = store
     app[HUB_KEY] = hub

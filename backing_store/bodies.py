@@ -1,4 +1,9 @@
-"""Request and response bodies of the backing store: JSON in, JSON out, Status errors."""
+"""Request and response bodies of the backing store: JSON in, JSON out, Status errors.
+
+The store reads JSON only (DESIGN §10): a request body whose `Content-Type` is not a
+JSON type (`application/json` and the three JSON patch types) is 415, before the body
+is read: a Kubernetes protobuf or CBOR body, `text/plain`, YAML apply patches. A body
+without `Content-Type` is read as JSON (so `curl -d '{...}'` works)."""
 
 from __future__ import annotations
 
@@ -10,13 +15,39 @@ from aiohttp import web
 from sidecar.errors import StatusError, bad_request
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+JSON_TYPES = frozenset(
+    {
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+    }
+)
+
+
+def check_media_type(request: web.Request) -> None:
+    """415 for a request body that is not JSON (a missing Content-Type is fine)."""
+    if "Content-Type" not in request.headers or not request.body_exists:
+        return
+    ctype = request.content_type
+    if ctype not in JSON_TYPES:
+        raise StatusError(
+            415,
+            f"the backing store reads JSON only, not Content-Type {ctype!r}; "
+            "send application/json (kubectl: use -f with a JSON or YAML file)",
+        )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The raw body (aiohttp keeps it: reading it again costs nothing)."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise StatusError(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
 
 
 async def read_json(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise StatusError(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
+    raw = await read_body(request)
     if not raw.strip():
         raise bad_request("the request needs a JSON body")
     try:

@@ -1,7 +1,8 @@
 """The resource table of the reference backing store (DESIGN §10).
 
-One row per resource type: API group, version, plural, kind and scope. Add a row to
-serve a new type; everything else (keys, CRUD, lists, watch) follows from it. Key
+One row per resource type: API group, version, plural, kind, scope, and the discovery
+extras (`shortNames`, `categories`, extra subresources). Add a row to serve a new type;
+everything else (keys, CRUD, lists, watch, discovery documents) follows from it. Key
 layout follows the Alkaid design: `/registry/{plural}/{name}` (cluster),
 `/registry/{plural}/{tenant}/{name}` (tenant), `/registry/{plural}/{tenant}/{ns}/{name}`
 (namespace).
@@ -26,6 +27,11 @@ class ResourceType:
     plural: str
     kind: str
     scope: Scope
+    # Discovery only: kubectl's abbreviations (`kubectl get cm`) and `kubectl get all`.
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    # Subresources besides `status` (which every type has): name -> (kind, verbs).
+    subresources: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -48,33 +54,43 @@ class ResourceType:
         return "/".join(parts) + "/"
 
 
-_CORE_CLUSTER = {"Tenant": "tenants", "Node": "nodes", "PersistentVolume": "persistentvolumes"}
-_CORE_TENANT = {"Namespace": "namespaces"}
-_CORE_NAMESPACED = {
-    "Pod": "pods",
-    "Service": "services",
-    "ConfigMap": "configmaps",
-    "Secret": "secrets",
-    "ServiceAccount": "serviceaccounts",
-    "ResourceQuota": "resourcequotas",
-    "Event": "events",
-    "Endpoints": "endpoints",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "ReplicationController": "replicationcontrollers",
-    "LimitRange": "limitranges",
-}
-
+_ALL = ("all",)
 _TABLE: list[ResourceType] = [
-    *(ResourceType("", "v1", p, k, CLUSTER) for k, p in _CORE_CLUSTER.items()),
-    *(ResourceType("", "v1", p, k, TENANT) for k, p in _CORE_TENANT.items()),
-    *(ResourceType("", "v1", p, k, NAMESPACE) for k, p in _CORE_NAMESPACED.items()),
-    ResourceType("apps", "v1", "deployments", "Deployment", NAMESPACE),
-    ResourceType("apps", "v1", "replicasets", "ReplicaSet", NAMESPACE),
-    ResourceType("apps", "v1", "statefulsets", "StatefulSet", NAMESPACE),
-    ResourceType("apps", "v1", "daemonsets", "DaemonSet", NAMESPACE),
+    # core v1, cluster-scoped
+    ResourceType("", "v1", "tenants", "Tenant", CLUSTER),
+    ResourceType(
+        "",
+        "v1",
+        "nodes",
+        "Node",
+        CLUSTER,
+        ("no",),
+        subresources=(("power", "NodePower", ("get", "update")),),
+    ),
+    ResourceType("", "v1", "persistentvolumes", "PersistentVolume", CLUSTER, ("pv",)),
+    # core v1, tenant-scoped
+    ResourceType("", "v1", "namespaces", "Namespace", TENANT, ("ns",)),
+    # core v1, namespace-scoped
+    ResourceType("", "v1", "pods", "Pod", NAMESPACE, ("po",), _ALL),
+    ResourceType("", "v1", "services", "Service", NAMESPACE, ("svc",), _ALL),
+    ResourceType("", "v1", "configmaps", "ConfigMap", NAMESPACE, ("cm",)),
+    ResourceType("", "v1", "secrets", "Secret", NAMESPACE),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", NAMESPACE, ("sa",)),
+    ResourceType("", "v1", "resourcequotas", "ResourceQuota", NAMESPACE, ("quota",)),
+    ResourceType("", "v1", "events", "Event", NAMESPACE, ("ev",)),
+    ResourceType("", "v1", "endpoints", "Endpoints", NAMESPACE, ("ep",)),
+    ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", NAMESPACE, ("pvc",)),
+    ResourceType(
+        "", "v1", "replicationcontrollers", "ReplicationController", NAMESPACE, ("rc",), _ALL
+    ),
+    ResourceType("", "v1", "limitranges", "LimitRange", NAMESPACE, ("limits",)),
+    ResourceType("apps", "v1", "deployments", "Deployment", NAMESPACE, ("deploy",), _ALL),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", NAMESPACE, ("rs",), _ALL),
+    ResourceType("apps", "v1", "statefulsets", "StatefulSet", NAMESPACE, ("sts",), _ALL),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", NAMESPACE, ("ds",), _ALL),
     ResourceType("apps", "v1", "controllerrevisions", "ControllerRevision", NAMESPACE),
-    ResourceType("batch", "v1", "jobs", "Job", NAMESPACE),
-    ResourceType("batch", "v1", "cronjobs", "CronJob", NAMESPACE),
+    ResourceType("batch", "v1", "jobs", "Job", NAMESPACE, (), _ALL),
+    ResourceType("batch", "v1", "cronjobs", "CronJob", NAMESPACE, ("cj",), _ALL),
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", NAMESPACE),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", NAMESPACE),
     ResourceType("rbac.authorization.k8s.io", "v1", "tenantroles", "TenantRole", TENANT),
@@ -85,7 +101,16 @@ _TABLE: list[ResourceType] = [
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", CLUSTER
     ),
-    ResourceType("compute", "v1", "servers", "Server", NAMESPACE),
+    # the seeds' own types
+    ResourceType(
+        "compute",
+        "v1",
+        "servers",
+        "Server",
+        NAMESPACE,
+        ("srv",),
+        subresources=(("tags", "ServerTags", ("get", "update", "delete")),),
+    ),
     ResourceType("baremetal", "v1", "allocations", "Allocation", TENANT),
     ResourceType("container", "v1", "bays", "Bay", NAMESPACE),
 ]
@@ -96,6 +121,9 @@ RESOURCES: dict[tuple[str, str, str], ResourceType] = {
 BY_PLURAL: dict[str, ResourceType] = {r.plural: r for r in _TABLE}
 # Plurals must be unique: keys are /registry/{plural}/..., whatever the group.
 assert len(BY_PLURAL) == len(_TABLE), "duplicate plural in the resource table"
+# kubectl resolves a short name across all groups: one meaning each.
+_SHORT = [s for r in _TABLE for s in r.short_names]
+assert len(_SHORT) == len(set(_SHORT)) and not set(_SHORT) & set(BY_PLURAL), "short name clash"
 
 TENANTS = BY_PLURAL["tenants"]
 NAMESPACES = BY_PLURAL["namespaces"]
@@ -106,6 +134,11 @@ ALLOCATIONS = BY_PLURAL["allocations"]
 
 def lookup(group: str, version: str, plural: str) -> ResourceType | None:
     return RESOURCES.get((group, version, plural))
+
+
+def table() -> list[ResourceType]:
+    """Every type, in table order (discovery lists them in this order)."""
+    return list(_TABLE)
 
 
 def under_tenant() -> list[ResourceType]:

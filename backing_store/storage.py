@@ -9,7 +9,12 @@ event loop: calls take microseconds and nothing else shares the connection, so a
 
 Lists are key-range scans (`prefix <= key < prefix-with-'/'-replaced-by-'0'`), paged by
 the last key seen, so they stay fast with any number of objects. Listeners get
-(type, object) events after each commit; the watch hub is one.
+(type, key, object, previous object) events after each commit; the watch hub is one.
+
+`dryRun=All` is a transaction that rolls back (`with store.tx(dry_run=True):`): every
+write path runs for real, constraints included, and then nothing is kept, no
+resourceVersion is used up and no event fires. Objects answered from a dry run carry no
+new resourceVersion: a create's has none, an update's and a delete's keep the current.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 from sidecar.errors import bad_request
 
 Obj = dict[str, Any]
-Listener = Callable[[str, str, Obj], None]
+# (event type, key, object, the object before a MODIFIED event or None)
+Listener = Callable[[str, str, Obj, Obj | None], None]
 # A WHERE fragment over the alias `o` (objects) and its parameters.
 Clause = tuple[str, Sequence[object]]
 
@@ -79,6 +85,10 @@ def decode_continue(token: str, prefix: str) -> str:
     return key
 
 
+class _DryRunDone(Exception):
+    """Ends a dry-run transaction: rolled back like a failure, but not an error."""
+
+
 @dataclass(slots=True)
 class Page:
     rows: list[str]
@@ -99,7 +109,8 @@ class Store:
         self._rv: int = int(row[0])
         self._depth = 0
         self._tx_rv = self._rv
-        self._pending: list[tuple[str, str, Obj]] = []
+        self._pending: list[tuple[str, str, Obj, Obj | None]] = []
+        self._dry = False
         self.listeners: list[Listener] = []
 
     def close(self) -> None:
@@ -111,10 +122,19 @@ class Store:
 
     # -- transactions -------------------------------------------------------------
 
+    @property
+    def dry_run(self) -> bool:
+        """Inside a `tx(dry_run=True)`: nothing written now will be kept."""
+        return self._dry
+
     @contextmanager
-    def tx(self) -> Iterator[None]:
-        """Atomic block; nests (only the outermost commits). Events fire after commit."""
+    def tx(self, *, dry_run: bool = False) -> Iterator[None]:
+        """Atomic block; nests (only the outermost commits). Events fire after commit.
+
+        `dry_run=True` (outermost only) rolls everything back at the end instead."""
         if self._depth:
+            if dry_run and not self._dry:
+                raise RuntimeError("a dry-run transaction cannot nest in a real one")
             self._depth += 1
             try:
                 yield
@@ -124,30 +144,36 @@ class Store:
         self.db.execute("BEGIN IMMEDIATE")
         self._depth = 1
         self._tx_rv = self._rv
+        self._dry = dry_run
         try:
             yield
+            if dry_run:
+                raise _DryRunDone
             if self._rv != self._tx_rv:
                 self.db.execute("UPDATE meta SET value=? WHERE name='resourceVersion'", (self._rv,))
             self.db.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             self.db.execute("ROLLBACK")
             self._rv = self._tx_rv
             self._pending.clear()
+            if isinstance(exc, _DryRunDone):
+                return
             raise
         finally:
             self._depth = 0
+            self._dry = False
         events, self._pending = self._pending, []
-        for kind, key, obj in events:
+        for kind, key, obj, old in events:
             for listener in list(self.listeners):
-                listener(kind, key, obj)
+                listener(kind, key, obj, old)
 
     def _next_rv(self) -> int:
         self._rv += 1
         return self._rv
 
-    def _emit(self, kind: str, key: str, obj: Obj) -> None:
+    def _emit(self, kind: str, key: str, obj: Obj, old: Obj | None = None) -> None:
         if self.listeners:
-            self._pending.append((kind, key, obj))
+            self._pending.append((kind, key, obj, old))
 
     # -- reads --------------------------------------------------------------------
 
@@ -231,8 +257,10 @@ class Store:
         `tags` (when not None) replaces the object's rows in the tag table.
         """
         with self.tx():
+            old = None if create or not (self.listeners or self._dry) else self.get(key)
             rv = self._next_rv()
-            obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
+            meta = obj.setdefault("metadata", {})
+            meta["resourceVersion"] = str(rv)
             data = dumps(obj)
             if create:
                 self.db.execute(
@@ -249,7 +277,12 @@ class Store:
                 self.db.executemany(
                     "INSERT OR IGNORE INTO tags(key, tag) VALUES (?,?)", [(key, t) for t in tags]
                 )
-            self._emit("ADDED" if create else "MODIFIED", key, obj)
+            self._emit("ADDED" if create else "MODIFIED", key, obj, old)
+            if self._dry:
+                if old is None:
+                    meta.pop("resourceVersion", None)
+                else:
+                    meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         return obj
 
     def delete(self, key: str) -> Obj | None:
@@ -259,7 +292,9 @@ class Store:
                 return None
             self.db.execute("DELETE FROM objects WHERE key=?", (key,))
             self.db.execute("DELETE FROM tags WHERE key=?", (key,))
-            obj.setdefault("metadata", {})["resourceVersion"] = str(self._next_rv())
+            rv = str(self._next_rv())
+            if not self._dry:
+                obj.setdefault("metadata", {})["resourceVersion"] = rv
             self._emit("DELETED", key, obj)
         return obj
 

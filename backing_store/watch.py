@@ -2,6 +2,10 @@
 after the watch started. The storage calls `Hub.publish` after each commit; every
 watcher has a bounded queue, and one that falls too far behind is closed (as a
 Kubernetes API server closes a slow watch) rather than slowing writers down.
+
+A watch with a filter (selectors, owner, tags) sees what a Kubernetes watch sees when
+an update moves an object across the filter: `ADDED` when it starts to match,
+`DELETED` (with the object's new state) when it stops, `MODIFIED` while it matches.
 """
 
 from __future__ import annotations
@@ -26,17 +30,36 @@ class Watcher:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
 
 
+def _event_for(
+    wants: Predicate, kind: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None
+) -> str | None:
+    """The event type this watcher sees for a change, or None when it sees nothing."""
+    now = wants(key, obj)
+    if kind != "MODIFIED" or old is None:
+        return kind if now else None
+    before = wants(key, old)
+    if now:
+        return "MODIFIED" if before else "ADDED"
+    return "DELETED" if before else None
+
+
 class Hub:
     def __init__(self) -> None:
         self.watchers: set[Watcher] = set()
 
-    def publish(self, kind: str, key: str, obj: dict[str, Any]) -> None:
-        line: str | None = None
+    def publish(
+        self, kind: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None = None
+    ) -> None:
+        lines: dict[str, str] = {}
         for w in list(self.watchers):
-            if not w.wants(key, obj):
+            event = _event_for(w.wants, kind, key, obj, old)
+            if event is None:
                 continue
+            line = lines.get(event)
             if line is None:
-                line = json.dumps({"type": kind, "object": obj}, separators=(",", ":")) + "\n"
+                line = lines[event] = (
+                    json.dumps({"type": event, "object": obj}, separators=(",", ":")) + "\n"
+                )
             try:
                 w.queue.put_nowait(line)
             except asyncio.QueueFull:
@@ -52,15 +75,23 @@ class Hub:
                 w.queue.put_nowait(_CLOSE)
 
     async def stream(
-        self, request: web.Request, wants: Predicate, seconds: float | None
+        self,
+        request: web.Request,
+        wants: Predicate,
+        seconds: float | None,
+        initial: list[str] | None = None,
     ) -> web.StreamResponse:
-        """Serve one watch until the client leaves, the timeout ends it, or shutdown."""
+        """Serve one watch until the client leaves, the timeout ends it, or shutdown.
+
+        `initial` lines (events for the current state) go out before any change."""
         watcher = Watcher(wants)
         self.watchers.add(watcher)
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         try:
             await resp.prepare(request)
+            for event in initial or ():
+                await resp.write(event.encode())
             loop = asyncio.get_running_loop()
             deadline = None if seconds is None else loop.time() + seconds
             while True:

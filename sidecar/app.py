@@ -2,25 +2,35 @@
 
 The order of the pipeline's stages is decided here and only here:
 
-    observe → parse → anonymous rate limit → identity → isolation → authorize
-            → rate limit → quota → forward
+    observe → parse → anonymous rate limit → identity → rate limit (caller's tenant)
+            → isolation → authorize → quota → forward
 
 Requests under `/quota/v1/` are answered by the sidecar's quota API after identity
-and rate limiting (the API authorizes each call itself). `/healthz`, `/readyz` and
-`/metrics` bypass the pipeline: no credentials, no rate limit, never forwarded.
+and rate limiting (the API authorizes each call itself). `/healthz` and `/readyz`
+bypass the pipeline: no credentials, no rate limit, never forwarded. `/metrics` goes
+through the main pipeline like any non-resource URL and is answered by the sidecar,
+never forwarded (`sidecar.health`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from sidecar import authorize, identity, isolation, parse_stage, protocol_errors
+from sidecar import (
+    authorize,
+    framing,
+    health,
+    identity,
+    isolation,
+    parse_stage,
+    protocol_errors,
+)
 from sidecar.audit import AuditLog
 from sidecar.config import Config
 from sidecar.context import RequestContext
+from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.observe import ObserveStage, request_id_for
 from sidecar.pipeline import Handler, build_chain
@@ -34,7 +44,7 @@ from sidecar.runtime import Runtime
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 QUOTA_PREFIX = "/quota/v1"
-LOCAL_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+LOCAL_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 def build_runtime(config: Config) -> Runtime:
@@ -64,12 +74,14 @@ def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
             parse,
             anonymous,
             authenticate,
+            # Right after authentication: every later refusal (concealed, forbidden,
+            # owner lookup, access review) is paid for by the caller's tenant.
+            rate_limit,
             isolation.make_stage(rt),
             authorize.make_stage(rt),
-            rate_limit,
             quota_stage.make_stage(rt),
         ],
-        rt.upstream.forward,
+        health.metrics_terminal(rt, rt.upstream.forward),
     )
     quota_chain = build_chain(
         [observe, parse, anonymous, authenticate, rate_limit], quota_api.make_api_handler(rt)
@@ -81,10 +93,17 @@ def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
             # aiohttp's own limits stay above ours so ours answer with a Status body.
             "max_line_size": max(config.limits.max_header_bytes * 2, 16384),
             "max_field_size": max(config.limits.max_header_bytes * 2, 16384),
-        }
+            # Bodies are forwarded byte for byte, never decompressed (DESIGN §8).
+            "auto_decompress": False,
+            # The next request's complete headers must arrive within this time, on a
+            # new connection and on a kept-alive one alike (slow clients, §8).
+            "keepalive_timeout": config.limits.header_timeout,
+        },
+        middlewares=[framing.guard],
     )
     app[RUNTIME_KEY] = rt
-    app.router.add_route("*", "/{tail:.*}", _dispatcher(rt, main_chain, quota_chain))
+    app.router.add_route("*", "/{tail:.*}", _dispatcher(rt, main_chain, quota_chain),
+                         expect_handler=framing.expect_handler)
 
     async def startup(_: web.Application) -> None:
         await audit.start()
@@ -100,7 +119,14 @@ def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
         await rt.upstream.close()
         await audit.stop()
 
+    async def shutdown(_: web.Application) -> None:
+        # Runs after the listener stops and before aiohttp waits for handlers:
+        # open watches end at once (clients re-watch elsewhere), so they never hold
+        # the shutdown for `limits.shutdownGraceSeconds`.
+        rt.upstream.close_watches()
+
     app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
     app.on_cleanup.append(cleanup)
     return app
 
@@ -110,11 +136,12 @@ def _dispatcher(
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     max_body = rt.config.limits.max_body_bytes
     policy = rt.policy
+    readiness = health.Readiness(rt)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.path
-        if path in LOCAL_PATHS and request.method in ("GET", "HEAD"):
-            return await _local(rt, path)
+        if path in LOCAL_PATHS:
+            return await _local(readiness, path, request.method)
         ctx = RequestContext(
             request=request,
             request_id=request_id_for(request),
@@ -128,23 +155,11 @@ def _dispatcher(
     return dispatch
 
 
-async def _local(rt: Runtime, path: str) -> web.StreamResponse:
+async def _local(readiness: health.Readiness, path: str, method: str) -> web.StreamResponse:
+    """`/healthz` and `/readyz`: answered here for every method, never forwarded."""
+    if method not in ("GET", "HEAD"):
+        return StatusError(405, f"{path} answers GET only", headers={"Allow": "GET, HEAD"}
+                           ).response()
     if path == "/healthz":
-        return web.json_response({"status": "ok"})
-    if path == "/metrics":
-        return web.Response(body=rt.metrics.render(), content_type="text/plain", charset="utf-8")
-    checks: dict[str, dict[str, object]] = {
-        "policy": {"ok": True, "detail": f"revision {rt.policy.current.revision}"}
-    }
-    for name, check in rt.ready_checks.items():
-        try:
-            ok, detail = await check()
-        except Exception as exc:  # a readiness probe must answer, whatever broke
-            ok, detail = False, f"check failed: {exc}"
-        checks[name] = {"ok": ok, "detail": detail}
-    ready = all(bool(c["ok"]) for c in checks.values())
-    return web.Response(
-        status=200 if ready else 503,
-        body=json.dumps({"ready": ready, "checks": checks}).encode(),
-        content_type="application/json",
-    )
+        return health.healthz()
+    return await readiness.response()

@@ -30,8 +30,13 @@ STOP_FLUSH_SECONDS = 5.0
 
 
 def encode(record: dict[str, Any]) -> str:
-    """One record as one JSON line (no newline inside; unknown types as strings)."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+    """One record as exactly one JSON line, whatever a name holds (DESIGN §9).
+
+    ASCII only: `ensure_ascii=False` would leave U+2028, U+2029 and U+0085 raw, and
+    log shippers (and `str.splitlines`) break lines there, splitting one record in
+    two; a lone surrogate would fail the whole batch's write. Escaped, every byte of
+    the line is printable ASCII and the only line break is the final newline."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=True, default=str) + "\n"
 
 
 class AuditLog:

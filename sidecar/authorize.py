@@ -1,10 +1,12 @@
 """The authorize stage: the policy decision for every resource and non-resource request.
 
 Owns turning a `Decision` into what happens to the request: forward (allow), forward
-with an owner filter (`?owner=` plus a response filter for lists; a body check and
-owner defaulting for creates), 403 Forbidden naming user/verb/resource, or 404 for
-cluster-scoped targets and for owner-only items the caller does not own. Owner-rule
-items are decided after the sidecar reads the stored object's owner (`owner.py`).
+with an owner filter (`?owner=` plus a response filter for lists), 403 Forbidden
+naming user/verb/resource, or 404 for cluster-scoped targets and for owner-only items
+the caller does not own (or that do not exist: the same answer). Owner-rule items are
+decided after the sidecar reads the stored object's owner (`owner.py`; fresh for
+writes). A write of an object that carries an owner field, allowed by anything but a
+cluster-wide grant, must leave the owner the caller's tenant (set when empty).
 Dry-run mode (global or per tenant) decides, logs and counts `would_deny`, and
 forwards anyway. Access reviews (`selfsubjectaccessreviews`, `subjectaccessreviews`)
 are answered here and never forwarded.
@@ -22,9 +24,9 @@ from sidecar.context import Identity, RequestContext
 from sidecar.errors import StatusError, bad_request, forbidden, not_found, unauthorized
 from sidecar.pipeline import Handler, Stage
 from sidecar.policy.decision import Decision
-from sidecar.policy.engine import DecisionCache, PolicyEngine
+from sidecar.policy.engine import READ_VERBS, DecisionCache, Match, PolicyEngine
 from sidecar.policy.modes import DRY_RUN, mode_for
-from sidecar.policy.owner import OwnerLookup, check_create, check_update, list_filter
+from sidecar.policy.owner import OwnerLookup, enforce_owner, list_filter, patch_kind
 from sidecar.runtime import Runtime
 from sidecar.target import SYSTEM_TENANT, RequestTarget, Scope, is_dns1123_label
 
@@ -51,17 +53,19 @@ class Authorizer:
         target: RequestTarget,
         request_id: str = "",
         fetch_as: Identity | None = None,
-    ) -> tuple[Decision, bool]:
-        """The decision, and whether it rests on an owner rule. Reads the stored owner
-        when only owner rules could grant an item (404 if it does not exist, 503 if
-        the upstream fails)."""
+    ) -> tuple[Decision, Match]:
+        """The decision, and what the policy granted. Reads the stored owner when only
+        owner rules could grant an item: fresh for writes, maybe cached for reads; a
+        missing object is decided as one nobody owns (the same answer); 503 if the
+        upstream fails."""
         match = self.cache.match(engine, identity, target)
         if not (match.owner_only and target.name and target.verb != "create"):
-            return engine.finish(match, identity, target), match.owner_only
-        obj: Any = await self.owners.fetch(
-            self.rt.upstream.get_json, fetch_as or identity, target, request_id
+            return engine.finish(match, identity, target), match
+        obj = await self.owners.fetch(
+            self.rt.upstream.get_json, fetch_as or identity, target, request_id,
+            fresh=target.verb not in READ_VERBS,
         )
-        return self.cache.finish(engine, match, identity, target, obj), True
+        return self.cache.finish(engine, match, identity, target, obj or {}), match
 
 
 class AuthorizeStage:
@@ -84,24 +88,22 @@ class AuthorizeStage:
             return await self._review(ctx, engine, identity, target)
         mode = mode_for(self.rt.config.mode, ctx.policy.tenant_modes, identity.tenant)
         dry_run = mode == DRY_RUN
-        decision, by_owner = await self.authz.decide(engine, identity, target, ctx.request_id)
+        decision, match = await self.authz.decide(engine, identity, target, ctx.request_id)
         refusal: StatusError | None = None
         if not decision.allowed:
             refusal = self._refusal(identity, target, decision)
-        elif decision.outcome == "filter":
+        else:
             try:
-                await self._apply_owner_filter(ctx, identity, target, decision, dry_run)
+                await self._apply_owner_rules(ctx, engine, match, identity, target, decision,
+                                              dry_run)
             except StatusError as exc:
                 if exc.code != 403:
                     raise
                 refusal = exc
                 decision = Decision("deny", exc.message, decision.revision,
                                     decision.owner_field, decision.rule_id)
-        elif by_owner:
-            refusal = await self._check_owner_write(ctx, identity, target, decision, dry_run)
-            if refusal is not None:
-                decision = Decision("deny", refusal.message, decision.revision,
-                                    decision.owner_field, decision.rule_id)
+            if match.owner_only and target.name and target.verb not in READ_VERBS:
+                self.authz.owners.forget(identity, target)
         ctx.decision = decision
         ctx.audit["authz"] = {
             "decision": decision.outcome,
@@ -132,40 +134,29 @@ class AuthorizeStage:
             return not_found(target.full_resource, target.name)
         return forbidden(forbidden_message(identity, target))
 
-    async def _apply_owner_filter(
-        self, ctx: RequestContext, identity: Identity, target: RequestTarget,
-        decision: Decision, dry_run: bool,
+    async def _apply_owner_rules(
+        self, ctx: RequestContext, engine: PolicyEngine, match: Match, identity: Identity,
+        target: RequestTarget, decision: Decision, dry_run: bool,
     ) -> None:
-        tenant, field = identity.tenant, decision.owner_field
-        if target.verb == "list":
+        """An allowed request: owner-filter a list granted by owner rules only; keep the
+        owner of a written object to the caller's tenant unless a cluster-wide grant
+        allows it (`engine.owner_checks`, `owner.enforce_owner`). The checked body is
+        what is forwarded, so the upstream parses exactly what was checked."""
+        tenant = identity.tenant
+        if decision.outcome == "filter" and target.verb == "list":
             if not dry_run:
                 ctx.upstream_query.append(("owner", tenant))
-                ctx.response_filter = list_filter(tenant, field)
+                ctx.response_filter = list_filter(tenant, decision.owner_field)
             return
-        raw = await ctx.read_body()
-        checked = check_create(raw, tenant, field)
+        fields = engine.owner_checks(match, identity, target)
+        if not fields:
+            return
+        doc = await ctx.read_json()
+        checked = enforce_owner(doc, tenant, fields, target.verb,
+                                patch_kind(ctx.request.method, ctx.request.content_type))
         if not dry_run:
-            ctx.body = checked
-
-    async def _check_owner_write(
-        self, ctx: RequestContext, identity: Identity, target: RequestTarget,
-        decision: Decision, dry_run: bool,
-    ) -> StatusError | None:
-        """An item allowed through an owner rule: updates may not change the owner."""
-        if target.verb in ("update", "patch") and not target.subresource:
-            raw = await ctx.read_body()
-            try:
-                checked = check_update(raw, identity.tenant, decision.owner_field,
-                                       ctx.request.content_type, ctx.request.method)
-            except StatusError as exc:
-                if exc.code != 403:
-                    raise
-                return exc
-            if not dry_run:
-                ctx.body = checked
-        if target.verb in ("update", "patch", "delete"):
-            self.authz.owners.forget(identity, target)
-        return None
+            ctx.body = json.dumps(checked).encode()
+            ctx.parsed_body = checked
 
     async def _review(
         self, ctx: RequestContext, engine: PolicyEngine, identity: Identity,
@@ -183,7 +174,9 @@ class AuthorizeStage:
         else:
             ctx.decision = Decision("allow", "anyone may review their own access",
                                     engine.revision)
-        body = _json_object(await ctx.read_body())
+        body = await ctx.read_json()
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
         spec = body.get("spec")
         if not isinstance(spec, dict):
             raise bad_request(f"a {kind} needs a 'spec' object")
@@ -228,16 +221,6 @@ def _is_review(target: RequestTarget) -> bool:
     return (target.resource_request and target.api_group == REVIEW_GROUP
             and target.resource in _REVIEW_KINDS and target.scope == Scope.TENANT
             and not target.name and target.verb == "create")
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw) if raw else None
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
 
 
 def _str(d: dict[str, Any], key: str, *, required: bool = False) -> str:

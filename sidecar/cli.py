@@ -62,14 +62,39 @@ def _serve(args: argparse.Namespace) -> int:
         overrides = {"workers": args.workers} if args.workers else None
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
-        print(f"sidecar: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     if config.workers > 1:
+        from sidecar.identity import build_authenticators
+
+        try:  # once here, so N workers do not print the same error N times
+            build_authenticators(config.identity)
+        except ConfigError as exc:
+            return _config_error(exc)
         return _serve_workers(config)
     return _serve_one(config, reuse_port=False)
 
 
+def _one_line(text: object) -> str:
+    """An error as one line of the operator's console (YAML errors span several)."""
+    return " ".join(str(text).split())
+
+
+def _config_error(exc: ConfigError) -> int:
+    print(f"sidecar: {_one_line(exc)}", file=sys.stderr)
+    return 2
+
+
+class ListenError(Exception):
+    """A listener could not bind its address."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {address}: {reason}")
+
+
 def _serve_one(config: Config, reuse_port: bool) -> int:
+    """Serve until SIGTERM/SIGINT. A bad config or credential file, a policy that does
+    not load, or an address in use ends the process with a short message, no
+    traceback: these are the operator's to fix, not bugs."""
     from sidecar.app import build_app
     from sidecar.policy.store import PolicyLoadError
 
@@ -80,30 +105,67 @@ def _serve_one(config: Config, reuse_port: bool) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        return _config_error(exc)
     try:
         asyncio.run(_run(app, config, reuse_port))
-    except OSError as exc:
-        print(f"sidecar: cannot listen on {config.listen}: {exc.strerror}", file=sys.stderr)
+    except ConfigError as exc:
+        return _config_error(exc)
+    except ListenError as exc:
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the audit file cannot be opened at start-up
+        print(f"sidecar: cannot start: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 
 
+async def _start_site(site: web.TCPSite, address: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ListenError(address, exc.strerror or str(exc)) from None
+
+
 async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
+    from sidecar.app import RUNTIME_KEY
+    from sidecar.health import build_metrics_app
+    from sidecar.redact import redact_url
+
     host, port = config.listen_host_port
     grace = config.limits.shutdown_grace_seconds
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    log.info("sidecar listening on %s:%d, upstream %s", host, port, config.upstream)
-    await stop.wait()
-    log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
-    # Stops accepting, waits for in-flight handlers up to the grace period, then closes.
-    await runner.cleanup()
+    runners: list[web.AppRunner] = []  # those set up, to clean up
+    try:
+        main = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace,
+                             access_log=None)
+        await main.setup()
+        runners.append(main)
+        site = web.TCPSite(main, host, port, shutdown_timeout=grace,
+                           reuse_port=reuse_port or None)
+        await _start_site(site, config.listen)
+        if config.metrics_listen:
+            # /metrics without credentials for a scraper, on its own address (§9).
+            mhost, _, mport = config.metrics_listen.rpartition(":")
+            scrape = web.AppRunner(build_metrics_app(app[RUNTIME_KEY]),
+                                   handle_signals=False, access_log=None)
+            await scrape.setup()
+            runners.append(scrape)
+            msite = web.TCPSite(scrape, mhost.strip("[]"), int(mport),
+                                reuse_port=reuse_port or None)
+            await _start_site(msite, config.metrics_listen)
+            log.info("metrics (no credentials) on %s", config.metrics_listen)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("sidecar listening on %s:%d, upstream %s", host, port,
+                 redact_url(config.upstream))
+        await stop.wait()
+        log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
+    finally:
+        # Stops accepting, waits for in-flight handlers up to the grace period, then closes.
+        for runner in reversed(runners):
+            await runner.cleanup()
 
 
 def _serve_workers(config: Config) -> int:

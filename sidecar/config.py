@@ -45,6 +45,8 @@ class JwtConfig:
     leeway_seconds: float = 0.0
     claims: JwtClaims = field(default_factory=JwtClaims)
     cache_size: int = 10000
+    # A token without `exp` never expires; refused unless this is turned off (DESIGN §4).
+    require_exp: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ class LimitsConfig:
     upstream_read_timeout: float = 60.0
     upstream_pool_size: int = 256
     shutdown_grace_seconds: float = 30.0
+    # A client that has not sent its complete request headers by then is disconnected.
+    header_timeout: float = 10.0
+    # Upstream connections all watches together may hold (a pool of their own, so
+    # watches never take the connections ordinary requests need).
+    upstream_watch_pool_size: int = 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,9 @@ class ReloadConfig:
 @dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:8443"
+    # HOST:PORT serving /metrics without credentials (for a Prometheus scraper); off
+    # by default, when /metrics is authorized on the main listener like any URL.
+    metrics_listen: str | None = None
     upstream: str = "http://127.0.0.1:8080"
     policies: str = "./policies"
     mode: Literal["enforce", "dry-run"] = "enforce"
@@ -192,6 +202,14 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"config key 'ledger' must be sqlite:///path or redis://…, not {config.ledger!r}"
         )
+    if config.metrics_listen is not None:
+        mhost, msep, mport = config.metrics_listen.rpartition(":")
+        if not msep or not mhost or not mport.isdigit() or not 0 < int(mport) < 65536:
+            raise ConfigError(
+                f"config key 'metricsListen' must be HOST:PORT, not {config.metrics_listen!r}"
+            )
+    if config.limits.header_timeout <= 0:
+        raise ConfigError("config key 'limits.headerTimeout' must be positive")
     if config.workers < 1:
         raise ConfigError("config key 'workers' must be at least 1")
     if config.limits.max_body_bytes < 1:

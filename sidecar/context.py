@@ -7,6 +7,7 @@ request started, so a reload mid-request never mixes two policies.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,11 +16,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from sidecar.errors import StatusError
+from sidecar.framing import send_continue
 from sidecar.target import RequestTarget
 
 if TYPE_CHECKING:
     from sidecar.policy.bundle import PolicyBundle
     from sidecar.policy.decision import Decision
+
+
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,24 +68,74 @@ class RequestContext:
     audit: dict[str, Any] = field(default_factory=dict)
     # Set when the response's status is known (forwarded or local).
     status: int = 0
+    # The body parsed as JSON by `read_json` (`_UNSET` until then).
+    parsed_body: Any = _UNSET
 
     async def read_body(self) -> bytes:
-        """Read the whole request body, refusing more than `max_body_bytes` with 413."""
+        """Read the whole request body, refusing more than `max_body_bytes` with 413.
+        The body's bytes as sent, never decompressed (DESIGN §8); a pending
+        `Expect: 100-continue` is answered first."""
         if self.body is not None:
             return self.body
         request = self.request
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise body_too_large(limit)
+        await send_continue(request)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                raise body_too_large(limit)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                chunks.append(chunk)
+        except web.RequestPayloadError:
+            raise malformed_body() from None
         self.body = b"".join(chunks)
         return self.body
+
+
+    async def read_json(self) -> Any:
+        """The request body parsed as JSON (None when empty), for stages that must read
+        it (quota-tracked and owner-checked writes, access reviews). DESIGN §7: another
+        `Content-Type`, or any `Content-Encoding`, is 415 before a byte is read; bytes
+        that are not JSON are 400. The raw bytes stay in `self.body` and are what the
+        upstream receives, unless a stage replaces them."""
+        if self.parsed_body is not _UNSET:
+            return self.parsed_body
+        check_json_media(self.request)
+        raw = await self.read_body()
+        try:
+            value = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            raise StatusError(400, "the request body is not valid JSON") from None
+        self.parsed_body = value
+        return value
+
+
+_JSON_TYPES = frozenset({"application/json", "application/merge-patch+json",
+                         "application/json-patch+json", "application/strategic-merge-patch+json"})
+
+
+def check_json_media(request: web.BaseRequest) -> None:
+    """415 unless the body is uncompressed JSON (or one of the JSON patch types)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding and encoding != "identity":
+        raise StatusError(
+            415, f"the sidecar must read this request body and accepts no Content-Encoding "
+            f"(got {encoding!r}); send it uncompressed"
+        )
+    ctype = request.content_type  # "application/octet-stream" when absent
+    if "Content-Type" in request.headers and ctype not in _JSON_TYPES:
+        raise StatusError(
+            415, f"the sidecar must read this request body and accepts JSON only "
+            f"(got Content-Type {ctype!r})"
+        )
+
+
+def malformed_body() -> StatusError:
+    return StatusError(400, "the request body is malformed (bad framing)")
 
 
 def body_too_large(limit: int) -> StatusError:

@@ -129,9 +129,9 @@ def _print_banner(base: str, work: Path) -> None:
         f"curl -s {admin} {base}/quota/v1/quotas",
         "# no credentials: 401",
         f"curl -s {base}/api/v1/nodes",
-        "# metrics and readiness need no credentials:",
+        "# readiness needs no credentials; metrics name every tenant (operators only):",
         f"curl -s {base}/readyz",
-        f"curl -s {base}/metrics | grep sidecar_requests_total",
+        f"curl -s {admin} {base}/metrics | grep sidecar_requests_total",
         "",
         "Press Ctrl-C to stop.",
     ]

@@ -12,18 +12,25 @@ Three authenticators, tried in this order, the first that recognises the request
   proxy, only when enabled and only from the configured client addresses.
 
 The stage then sets `ctx.identity` and `ctx.tenant_label` and resolves short paths to
-the caller's tenant. Incoming `X-Remote-*` headers of a request that did not come
-through the trusted-header authenticator are dropped from the request, so no later
-stage can read a spoofed value (the proxy also drops them and sets its own).
+the caller's tenant. `CredentialWatcher` re-reads the token file and the JWT key / JWKS
+files when they change: a file that fails to load keeps the last good credentials,
+is logged, and shows in `/readyz` (DESIGN §4). Incoming `X-Remote-*` headers of a
+request that did not come through the trusted-header authenticator are dropped from
+the request, so no later stage can read a spoofed value (the proxy also drops them
+and sets its own).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import json
+import logging
+import os
 import re
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +54,7 @@ from sidecar.target import is_dns1123_label
 
 __all__ = [
     "Authenticator",
+    "CredentialWatcher",
     "IdentityStage",
     "JwtAuthenticator",
     "StaticTokenAuthenticator",
@@ -54,6 +62,8 @@ __all__ = [
     "build_authenticators",
     "make_stage",
 ]
+
+log = logging.getLogger("sidecar.identity")
 
 JWT = "jwt"
 STATIC = "static-token"
@@ -90,10 +100,16 @@ def _reject(message: str) -> StatusError:
     return unauthorized(message)
 
 
+# Control characters (C0 and C1, e.g. U+0085), line and paragraph separators
+# (U+2028, U+2029) and lone surrogates: a name holding one could break a log line.
+_NOT_IN_NAMES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
 def _printable(value: str) -> bool:
-    """User and group names become header values: no control characters, bounded."""
+    """User and group names become header values and log fields: bounded, and no
+    character that any reader could take for a line break or a control."""
     return 0 < len(value) <= _MAX_NAME and not any(
-        ord(c) < 0x20 or ord(c) == 0x7F for c in value
+        unicodedata.category(c) in _NOT_IN_NAMES for c in value
     )
 
 
@@ -270,6 +286,9 @@ class JwtAuthenticator:
         self.claims = cfg.claims
         self.leeway = cfg.leeway_seconds
         self.options: dict[str, Any] = {"require": []}
+        if cfg.require_exp:
+            # A token without `exp` would be valid forever (DESIGN §4).
+            self.options["require"].append("exp")
         if cfg.issuer is not None:
             self.options["require"].append("iss")
         if cfg.audience is not None:
@@ -333,6 +352,9 @@ class JwtAuthenticator:
             except jwt.InvalidIssuerError:
                 raise _reject("the token's issuer is not accepted") from None
             except jwt.MissingRequiredClaimError as exc:
+                if exc.claim == "exp":
+                    raise _reject("the token has no 'exp' claim: tokens must expire "
+                                  "(identity.jwt.requireExp)") from None
                 raise _reject(f"the token has no {exc.claim!r} claim") from None
             except jwt.InvalidKeyError:
                 continue
@@ -475,6 +497,9 @@ class TrustedHeaderAuthenticator:
         users = headers.getall("X-Remote-User")
         if len(users) != 1 or not users[0].strip():
             raise _reject("the front proxy must send exactly one non-empty X-Remote-User")
+        user = users[0].strip()
+        if not _printable(user):
+            raise _reject("the X-Remote-User header is not a valid user name")
         tenants = headers.getall("X-Remote-Tenant", [])
         if len(tenants) != 1:
             raise _reject("the front proxy must send exactly one X-Remote-Tenant")
@@ -482,7 +507,9 @@ class TrustedHeaderAuthenticator:
         groups = tuple(
             g.strip() for g in headers.getall("X-Remote-Group", []) if g.strip()
         )
-        return Identity(users[0].strip(), tenant, groups, TRUSTED)
+        if not all(_printable(g) for g in groups):
+            raise _reject("an X-Remote-Group header is not a valid group name")
+        return Identity(user, tenant, groups, TRUSTED)
 
 
 # -- the stage -------------------------------------------------------------------------
@@ -564,5 +591,91 @@ def _strip_remote_headers(ctx: RequestContext) -> None:
         pass
 
 
+# How often the credential files are checked for a change (one stat() each).
+CREDENTIAL_POLL_SECONDS = 1.0
+
+
+def credential_files(cfg: IdentityConfig) -> list[str]:
+    return [p for p in (cfg.token_file, cfg.jwt.public_key_file, cfg.jwt.jwks_file) if p]
+
+
+def _fingerprint(paths: Sequence[str]) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
+class CredentialWatcher:
+    """Rebuilds the stage's authenticators when a credential file changes.
+
+    The fingerprint is taken before the files are read, so a write that lands while
+    they are being read changes it again and is read on the next poll."""
+
+    def __init__(self, stage: IdentityStage, cfg: IdentityConfig,
+                 interval: float = CREDENTIAL_POLL_SECONDS) -> None:
+        self.stage = stage
+        self.cfg = cfg
+        self.files = credential_files(cfg)
+        self.interval = interval
+        self.seen = _fingerprint(self.files)
+        self.failed = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.files and self._task is None:
+            self._task = asyncio.create_task(self._poll(), name="credential-watch")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            now = _fingerprint(self.files)
+            if now != self.seen:
+                self.seen = now
+                await self.reload()
+
+    async def reload(self) -> bool:
+        try:
+            found = await asyncio.to_thread(build_authenticators, self.cfg)
+        except ConfigError as exc:
+            self.failed = True
+            log.warning("credential reload refused; the last good credentials stay in "
+                        "force: %s", exc)
+            return False
+        self.stage.authenticators = tuple(found)
+        if self.failed:
+            log.warning("credential reload succeeded again")
+        else:
+            log.info("credentials reloaded")
+        self.failed = False
+        return True
+
+    async def ready(self) -> tuple[bool, str]:
+        if self.failed:
+            return False, ("credential reload failed (see the log); the last good "
+                           "credentials are in force")
+        return True, "credentials loaded"
+
+
 def make_stage(rt: Runtime) -> Stage:
-    return IdentityStage(build_authenticators(rt.config.identity))
+    stage = IdentityStage(build_authenticators(rt.config.identity))
+    watcher = CredentialWatcher(stage, rt.config.identity)
+    if watcher.files:
+        rt.on_startup.append(watcher.start)
+        rt.on_cleanup.append(watcher.stop)
+        rt.ready_checks["credentials"] = watcher.ready
+    return stage

@@ -7,6 +7,13 @@ when the policy engine says a binding in force for the caller could reach it
 tenant that does not exist gets (or the resource's NotFound at cluster level), and
 with `concealOtherTenants: false` a plain 403. Such a request never reaches the
 upstream.
+
+Whatever the policy, a tenant user's request never returns an object stored under
+another tenant: a target in another tenant, or a list of a namespaced or tenant-scoped
+resource across all tenants (`/api/v1/pods`), is reachable through a
+ClusterRoleBinding only; a tenant's own bindings reach the cluster level only for
+cluster-scoped objects it owns (owner rules; `policy/scopes.py` knows which resources
+are cluster-scoped, and `engine.request_vector` applies it to every decision).
 """
 
 from __future__ import annotations

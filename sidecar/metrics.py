@@ -110,6 +110,12 @@ class Metrics:
         self.ledger_errors = Counter(
             "sidecar_ledger_errors_total", "Ledger operations that failed.", ["op"], registry=r
         )
+        # Readiness: each check of the last /readyz evaluation (1 ok, 0 failing), so an
+        # outage that keeps /readyz at 200 (ledger, global tier) still shows here.
+        self.ready_check = Gauge(
+            "sidecar_ready_check", "Result of each /readyz check (1 ok, 0 failing).",
+            ["check"], registry=r,
+        )
         # Audit
         self.audit_dropped = Counter(
             "sidecar_audit_dropped_total",

@@ -22,9 +22,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.config import Config
-from sidecar.context import Identity, RequestContext
+from sidecar.context import Identity, RequestContext, malformed_body
 from sidecar.errors import StatusError
+from sidecar.framing import send_continue
 from sidecar.metrics import Metrics
+from sidecar.watches import WatchRelay
 
 log = logging.getLogger("sidecar.proxy")
 
@@ -42,9 +44,17 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Set by the sidecar itself, never copied from the client.
+# Set by the sidecar itself, never copied from the client. `Expect` is answered by the
+# sidecar (sidecar/framing.py), the upstream never waits for a 100 of its own.
 _REPLACED = frozenset({"host", "content-length", "x-forwarded-for", "x-forwarded-proto",
-                       "x-forwarded-host", "x-request-id"})
+                       "x-forwarded-host", "x-request-id", "expect"})
+# A `Connection` header naming one of these is 400 (DESIGN §8): dropping them would
+# change the body's framing or meaning, or the caller's identity, on the way upstream.
+_NOT_HOP_BY_HOP = frozenset({"content-length", "content-encoding", "content-type",
+                             "transfer-encoding", "host", "authorization"})
+# Identity headers: only the sidecar sets them. `_` counts as `-` (`X_Remote_User`),
+# since some upstream servers read both spellings as the same header.
+_IDENTITY_PREFIX = "x-remote-"
 # Upstream answers up to this size (with a Content-Length) are sent in one write.
 SMALL_BODY = 64 * 1024
 # A buffered (owner-filtered) upstream response larger than this is refused with 502.
@@ -73,33 +83,66 @@ class Upstream:
         )
         self.forward_authorization = config.identity.forward_authorization
         self._session: aiohttp.ClientSession | None = None
+        # Watches: a pool of their own, so they never take ordinary requests'
+        # connections; a full one is a prompt 503 (sidecar/watches.py).
+        self.watches = WatchRelay(limits.upstream_watch_pool_size)
+        self._watch_session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """The pool of ordinary requests and the sidecar's own calls."""
         if self._session is None:
-            connector: aiohttp.BaseConnector
-            pool = self.config.limits.upstream_pool_size
-            if self.socket_path:
-                connector = aiohttp.UnixConnector(path=self.socket_path, limit=pool)
-            else:
-                connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self.timeout,
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-            )
+            self._session = self._new_session(self.config.limits.upstream_pool_size, self.timeout)
         return self._session
 
+    @property
+    def watch_session(self) -> aiohttp.ClientSession:
+        """The pool of watches (`limits.upstreamWatchPoolSize`)."""
+        if self._watch_session is None:
+            limits = self.config.limits
+            # `connect` also bounds the wait for a pooled connection: never indefinite.
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=limits.upstream_connect_timeout,
+                sock_connect=limits.upstream_connect_timeout, sock_read=None,
+            )
+            self._watch_session = self._new_session(self.watches.pool_size, timeout)
+        return self._watch_session
+
+    def _new_session(self, pool: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        connector: aiohttp.BaseConnector
+        if self.socket_path:
+            connector = aiohttp.UnixConnector(path=self.socket_path, limit=pool)
+        else:
+            connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
+
+    def close_watches(self) -> None:
+        """End every open watch at once (SIGTERM; clients re-watch)."""
+        self.watches.close_all()
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self.watches.close_all()
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
 
     # -- forwarding ---------------------------------------------------------------
 
     async def forward(self, ctx: RequestContext) -> web.StreamResponse:
+        """Forward one request; a watch through the watch relay (its own pool, ended
+        within a second of its client going away)."""
+        if ctx.target is not None and ctx.target.verb == "watch":
+            return await self.watches.run(ctx, self._forward)
+        return await self._forward(ctx)
+
+    async def _forward(self, ctx: RequestContext) -> web.StreamResponse:
         request = ctx.request
         url = self._url(request.raw_path, ctx.upstream_query)
         headers = self.upstream_headers(ctx)
@@ -124,7 +167,8 @@ class Upstream:
         body: bytes | None = None
         try:
             async with asyncio.timeout(None if watching else self.read_timeout):
-                upstream = await self.session.request(
+                session = self.watch_session if watching else self.session
+                upstream = await session.request(
                     request.method, url, headers=headers, data=data, allow_redirects=False
                 )
                 length = upstream.content_length
@@ -144,6 +188,8 @@ class Upstream:
             if body_state.too_large:
                 raise StatusError(413, f"the request body is larger than {ctx.max_body_bytes} "
                                   "bytes") from None
+            if body_state.malformed:
+                raise malformed_body() from None
             if body_state.client_gone:
                 raise ConnectionResetError("client went away while sending its body") from None
             self.metrics.upstream_errors.labels("refused").inc()
@@ -202,27 +248,66 @@ class Upstream:
         self, ctx: RequestContext, upstream: aiohttp.ClientResponse
     ) -> web.StreamResponse:
         assert ctx.response_filter is not None
-        try:
-            async with asyncio.timeout(self.read_timeout):
-                raw = await upstream.content.read(MAX_FILTERED_RESPONSE + 1)
-        except TimeoutError:
-            raise UpstreamError(504, "the upstream did not answer in time") from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(502, f"the upstream failed: {_describe(exc)}") from None
-        if len(raw) > MAX_FILTERED_RESPONSE:
-            raise UpstreamError(502, "the upstream response is too large to filter")
+        raw = await self._read_whole(upstream)
         return _whole_response(ctx, upstream, ctx.response_filter(upstream.status, raw))
 
+    async def _read_whole(self, upstream: aiohttp.ClientResponse) -> bytes:
+        """An upstream answer the sidecar must read (DESIGN §8): every byte up to its
+        end, under the read timeout. Cut short (fewer bytes than its Content-Length, a
+        chunked body without its last chunk) or larger than MAX_FILTERED_RESPONSE:
+        502, never a partial body. Callers release or close the response."""
+        declared = upstream.content_length
+        if declared is not None and declared > MAX_FILTERED_RESPONSE:
+            upstream.close()
+            raise UpstreamError(502, "the upstream response is too large for the sidecar "
+                                "to read")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while chunk := await upstream.content.readany():
+                    size += len(chunk)
+                    if size > MAX_FILTERED_RESPONSE:
+                        upstream.close()
+                        raise UpstreamError(502, "the upstream response is too large for "
+                                            "the sidecar to read")
+                    chunks.append(chunk)
+        except TimeoutError:
+            upstream.close()
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamError(504, "the upstream did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            upstream.close()
+            self.metrics.upstream_errors.labels("reset").inc()
+            raise UpstreamError(
+                502, f"the upstream answer was cut short: {_describe(exc)}"
+            ) from None
+        if declared is not None and size != declared:  # a second line of defence
+            upstream.close()
+            self.metrics.upstream_errors.labels("reset").inc()
+            raise UpstreamError(502, f"the upstream answer was cut short ({size} of "
+                                f"{declared} bytes)")
+        return b"".join(chunks)
+
     def upstream_headers(self, ctx: RequestContext) -> CIMultiDict[str]:
+        """The headers sent upstream; 400 when `Connection` names a header that is not
+        hop-by-hop (DESIGN §8)."""
         request = ctx.request
-        drop = HOP_BY_HOP | _REPLACED
-        connection = request.headers.get("Connection")
-        if connection:
-            drop = drop | {h.strip().lower() for h in connection.split(",")}
+        named = {
+            token.strip().lower()
+            for value in request.headers.getall("Connection", [])
+            for token in value.split(",")
+        }
+        forbidden = sorted(named & _NOT_HOP_BY_HOP)
+        if forbidden:
+            raise StatusError(
+                400, f"the Connection header may not name {', '.join(forbidden)}"
+            )
+        drop = HOP_BY_HOP | _REPLACED | named
         headers: CIMultiDict[str] = CIMultiDict()
         for name, value in request.headers.items():
             lower = name.lower()
-            if lower in drop or lower.startswith("x-remote-"):
+            if lower in drop or lower.replace("_", "-").startswith(_IDENTITY_PREFIX):
                 continue
             if lower == "authorization" and not self.forward_authorization:
                 continue
@@ -259,7 +344,8 @@ class Upstream:
         """GET `path` (already percent-encoded) as `identity`; returns (status, JSON).
 
         Upstream failures raise UpstreamError: 503 when unreachable (a decision that
-        needs this read cannot be made), 504 on timeout."""
+        needs this read cannot be made), 504 on timeout, 502 for an answer cut short
+        or too large."""
         headers: dict[str, str] = {"Accept": "application/json"}
         if identity is not None:
             headers["X-Remote-User"] = identity.user
@@ -269,15 +355,18 @@ class Upstream:
         url = self._url(path, query or [])
         try:
             async with asyncio.timeout(self.read_timeout):
-                async with self.session.get(url, headers=headers, allow_redirects=False) as resp:
-                    raw = await resp.read()
-                    status = resp.status
+                resp = await self.session.get(url, headers=headers, allow_redirects=False)
         except TimeoutError:
             self.metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamError(504, "the upstream did not answer in time") from None
         except (aiohttp.ClientError, OSError) as exc:
             self.metrics.upstream_errors.labels("refused").inc()
             raise UpstreamError(503, f"the upstream is unreachable: {_describe(exc)}") from None
+        try:
+            raw = await self._read_whole(resp)
+            status = resp.status
+        finally:
+            resp.release()
         try:
             return status, json.loads(raw) if raw else None
         except ValueError:
@@ -295,17 +384,21 @@ class Upstream:
 
 
 class _BodyState:
-    __slots__ = ("client_gone", "too_large")
+    __slots__ = ("client_gone", "malformed", "too_large")
 
     def __init__(self) -> None:
         self.too_large = False
         self.client_gone = False
+        self.malformed = False
 
 
 async def _stream_body(
     request: web.Request, limit: int, state: _BodyState
 ) -> AsyncIterator[bytes]:
+    """The client's body bytes as received (never decompressed). Raising stops the
+    upstream request, whose connection aiohttp then closes instead of pooling it."""
     size = 0
+    await send_continue(request)
     try:
         while True:
             chunk = await request.content.readany()
@@ -316,6 +409,9 @@ async def _stream_body(
                 state.too_large = True
                 raise ValueError("request body too large")
             yield chunk
+    except web.RequestPayloadError:
+        state.malformed = True
+        raise
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError):
         state.client_gone = True
         raise

@@ -35,6 +35,8 @@ MAX_NAME = 253
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SEPARATORS = re.compile(r"[/\\]")
+_DOTS = frozenset({".", ".."})
 # Subresources that belong to the Tenant / Namespace object itself, not resource names.
 _OBJECT_SUBRESOURCES = frozenset({"status", "finalize"})
 _RESOURCE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
@@ -119,17 +121,19 @@ def parse_target(method: str, raw_path: str, query_string: str = "") -> RequestT
     method = method.upper()
     segments = _split_path(raw_path)
     if not segments or segments[0] not in ("api", "apis"):
-        return _non_resource(method, raw_path)
+        return _non_resource(method, raw_path, segments)
 
     # /api/{version}/... or /apis/{group}/{version}/...; shorter is discovery.
     if segments[0] == "api":
         if len(segments) < 3:
-            return _non_resource(method, raw_path)
+            return _non_resource(method, raw_path, segments)
         group, version, rest = "", segments[1], segments[2:]
     else:
         if len(segments) < 4:
-            return _non_resource(method, raw_path)
+            return _non_resource(method, raw_path, segments)
         group, version, rest = segments[1], segments[2], segments[3:]
+    _no_separator(group, "API group")
+    _no_separator(version, "API version")
 
     if method not in _RESOURCE_METHODS:
         raise TargetError(f"method {method} is not allowed on {raw_path}", code=405)
@@ -195,6 +199,9 @@ def _item(
 ) -> dict[str, object]:
     """`{resource}[/{name}[/{subresource}[/...]]]` at the given scope."""
     resource = segs[0]
+    _no_separator(resource, "resource")
+    if len(segs) > 2:
+        _no_separator(segs[2], "subresource")
     if len(resource) > MAX_NAME:
         raise TargetError(f"resource {resource[:40]}... is longer than {MAX_NAME} characters")
     name = segs[1] if len(segs) > 1 else ""
@@ -236,7 +243,20 @@ def _label(value: str, what: str) -> str:
     return value
 
 
-def _non_resource(method: str, raw_path: str) -> RequestTarget:
+def _no_separator(segment: str, what: str) -> None:
+    """DESIGN §3: a segment that an upstream decoding the path would split (an encoded
+    `/`, or a `\\` some servers treat as one) must not be where it could change what
+    the path addresses."""
+    if "/" in segment or "\\" in segment:
+        raise TargetError(
+            f"the {what} segment contains an encoded '/' or a '\\' (%2F, %5C): "
+            "not allowed there"
+        )
+
+
+def _non_resource(method: str, raw_path: str, segments: list[str]) -> RequestTarget:
+    for seg in segments:
+        _no_separator(seg, "non-resource URL")
     if method not in _NON_RESOURCE_METHODS:
         raise TargetError(f"method {method} is not allowed", code=405)
     return RequestTarget(path=raw_path, verb=method.lower(), resource_request=False)
@@ -256,7 +276,9 @@ def _split_path(raw_path: str) -> list[str]:
         if raw == "":
             raise TargetError("the path has an empty segment ('//' or a trailing '/')")
         seg = _decode(raw)
-        if seg in (".", ".."):
+        # Also a dot-segment behind an encoded separator (`x%2F..`): an upstream that
+        # decodes before routing would climb out of the addressed object.
+        if seg in (".", "..") or not _DOTS.isdisjoint(_SEPARATORS.split(seg)):
             raise TargetError("the path has a '.' or '..' segment")
         out.append(seg)
     return out

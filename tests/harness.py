@@ -97,13 +97,15 @@ def wait_http(url: str, proc: Proc, timeout: float = 15.0) -> None:
     raise RuntimeError(f"{url} not ready after {timeout}s:\n{proc.log()}")
 
 
-def start_store(tmp: Path, db: Path | None = None, port: int | None = None) -> Proc:
+def start_store(
+    tmp: Path, db: Path | None = None, port: int | None = None, extra_args: list[str] | None = None
+) -> Proc:
     """`python -m backing_store` on a free port with its SQLite file in `tmp`."""
     port = port or free_port()
     db = db or (tmp / "store.db")
     log_path = tmp / f"store-{port}.log"
     args = [sys.executable, "-m", "backing_store", "--host", "127.0.0.1", "--port", str(port),
-            "--db", str(db)]
+            "--db", str(db), *(extra_args or [])]
     proc = Proc(_spawn(args, log_path), port, log_path, {"db": db})
     wait_http(f"{proc.url}/healthz", proc)
     return proc

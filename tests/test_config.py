@@ -23,6 +23,8 @@ def test_defaults_run_out_of_the_box() -> None:
     assert config.identity.jwt.claims.tenant == "tenant"
     assert config.rate_limit.global_ is None
     assert config.audit.path == "-"
+    assert config.metrics_listen is None  # /metrics only on the main listener, authorized
+    assert config.identity.jwt.require_exp is True
 
 
 def test_yaml_file_and_nested_keys(tmp_path: Path) -> None:
@@ -84,6 +86,9 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         ("", {"SIDECAR_LIMITS__NOPE": "1"}, "'LIMITS.NOPE'"),
         ("", {"SIDECAR_LIMITS__MAX_BODY_BYTES": "big"}, "'limits.maxBodyBytes'"),
         ("listen: [unclosed\n", {}, "not valid YAML"),
+        ("metricsListen: 9090\n", {}, "'metricsListen' must be HOST:PORT"),
+        ("metricsListen: 'host:0'\n", {}, "'metricsListen' must be HOST:PORT"),
+        ("identity: {jwt: {requireExp: sometimes}}\n", {}, "'identity.jwt.requireExp'"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str],
@@ -109,3 +114,16 @@ def test_serve_refuses_bad_config_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "limits.maxBodyBytes" in result.stderr
+
+
+def test_serve_config_errors_are_one_line(tmp_path: Path) -> None:
+    """A YAML error spans several lines; the operator gets it as one."""
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: [unclosed\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -183,9 +183,12 @@ async def test_forward_authorization_false(tmp_path: Path) -> None:
 
 
 async def test_health_endpoints_need_no_credentials(env: Env) -> None:
-    for path in ("/healthz", "/metrics", "/readyz"):
+    for path in ("/healthz", "/readyz"):
         status, _ = await env.call(path)
         assert status == 200, path
+    # /metrics names tenants: authorized like any non-resource URL (DESIGN §9).
+    status, _ = await env.call("/metrics")
+    assert status == 401
     assert env.upstream.forwarded == []
 
 

@@ -4,13 +4,24 @@ the YAML config file plus an environment override (`SIDECAR_IDENTITY__JWT__SECRE
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import jwt
+
 from tests import harness
-from tests.test_identity_support import SECRET, claims, hs256, write_policy, write_tokens
+from tests.test_identity_support import (
+    SECRET,
+    claims,
+    hs256,
+    public_pem,
+    rsa_key,
+    write_policy,
+    write_tokens,
+)
 
 
 def call(
@@ -78,4 +89,66 @@ def test_sidecar_process_authenticates_from_config_and_env(tmp_path: Path) -> No
         finally:
             sidecar.stop()
     finally:
+        store.stop()
+
+
+def _until(check: Any, limit: float = 10.0) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+def test_credential_files_are_reread_without_a_restart(tmp_path: Path) -> None:
+    """DESIGN §4: rotating a token or a JWT key needs no restart; a file that fails to
+    load keeps the last good credentials and shows in /readyz (no path) and the log."""
+    store = harness.start_store(tmp_path)
+    key_a, key_b = rsa_key(), rsa_key()
+    pem = tmp_path / "issuer.pem"
+    pem.write_bytes(public_pem(key_a))
+    tokens = write_tokens(tmp_path, [
+        {"token": "old-token", "user": "root", "tenant": "system", "groups": ["operators"]}])
+    sidecar = harness.start_sidecar(tmp_path, {
+        "upstream": store.url,
+        "policies": str(write_policy(tmp_path)),
+        "identity": {"tokenFile": str(tokens),
+                     "jwt": {"algorithms": ["RS256"], "publicKeyFile": str(pem),
+                             "audience": "sidecar"}},
+    })
+    path = "/api/v1/tenants"
+
+    def rs256(key: Any) -> str:
+        return jwt.encode(claims("root", "system", ["operators"], iss=None), key,
+                          algorithm="RS256")
+
+    try:
+        url = sidecar.url
+        assert call(url, "GET", path, "old-token")[0] == 200
+        assert call(url, "GET", path, rs256(key_a))[0] == 200
+
+        write_tokens(tmp_path, [
+            {"token": "new-token", "user": "root", "tenant": "system", "groups": ["operators"]}])
+        pem.write_bytes(public_pem(key_b))
+        assert _until(lambda: call(url, "GET", path, "new-token")[0] == 200)
+        assert _until(lambda: call(url, "GET", path, rs256(key_b))[0] == 200)
+        assert call(url, "GET", path, "old-token")[0] == 401
+        assert call(url, "GET", path, rs256(key_a))[0] == 401
+
+        # A broken file: refused, the last good credentials stay, /readyz says so.
+        tokens.write_text("- {token: x, user: eve, tenant: Not_A_Tenant}\n")
+
+        def degraded() -> dict[str, Any] | None:
+            status, body = call(url, "GET", "/readyz")
+            return body if status == 200 and not body["checks"]["credentials"]["ok"] else None
+
+        body = _until(degraded)
+        assert body is not None and body["ready"] is True
+        assert str(tmp_path) not in json.dumps(body)
+        assert call(url, "GET", path, "new-token")[0] == 200
+        assert "credential reload refused" in sidecar.log()
+        assert "Not_A_Tenant" in sidecar.log()
+    finally:
+        sidecar.stop()
         store.stop()

@@ -200,9 +200,14 @@ async def test_restricted_create_defaults_and_checks_owner(
     assert status == 403 and "owner" in body["message"]
     status, body = await client("oscar", "POST", path, b"{not json")
     assert status == 400
-    # Unrestricted: any owner, body untouched.
-    status, body = await client("bob", "POST", "/apis/baremetal/v1/tenants/beta/allocations",
-                                {"spec": {"owner": "acme"}})
+    # An unconditional grant from a TenantRoleBinding may not set another tenant as
+    # owner either (DESIGN §5); only a cluster-wide grant may.
+    beta = "/apis/baremetal/v1/tenants/beta/allocations"
+    status, body = await client("bob", "POST", beta, {"spec": {"owner": "acme"}})
+    assert status == 403 and "owner" in body["message"]
+    status, body = await client("bob", "POST", beta, {"spec": {"resource_class": "gpu"}})
+    assert status == 201 and body["echo"]["spec"] == {"resource_class": "gpu", "owner": "beta"}
+    status, body = await client("root", "POST", beta, {"spec": {"owner": "acme"}})
     assert status == 201 and body["echo"]["spec"] == {"owner": "acme"}
 
 
@@ -256,7 +261,7 @@ async def test_dry_run_forwards_would_deny(tmp_path: Path, upstream: Upstream) -
             path = "/api/v1/tenants/acme/namespaces/dev/pods/p"
             assert (await client("alice", "DELETE", path))[0] == 200
             assert upstream.forwarded("DELETE", path)
-            async with http.get(side + "/metrics") as r:
+            async with http.get(side + "/metrics", headers={"Authorization": "Bearer root"}) as r:
                 text = await r.text()
             assert 'sidecar_decisions_total{outcome="would_deny",tenant="acme"} 1.0' in text
 

@@ -126,9 +126,12 @@ async def test_restricted_and_unrestricted_allocations(client: Client) -> None:
     status, body = await client("root", "POST", acme, {
         "metadata": {"name": "a3"}, "spec": {"resource_class": "gpu", "owner": "beta"}})
     assert status == 201 and body["status"]["node"] == "n2"
+    # beta's unrestricted allocator (a TenantRoleBinding) may not take acme's nodes.
     status, body = await client("bob", "POST", "/apis/baremetal/v1/tenants/beta/allocations", {
         "metadata": {"name": "b1"}, "spec": {"resource_class": "cpu", "owner": "acme"}})
-    assert status == 201 and body["status"]["node"] == "n4"
+    assert status == 403 and "owner" in body["message"]
+    status, body = await client("root", "GET", "/apis/baremetal/v1/tenants/beta/allocations/b1")
+    assert status == 404
     # Restricted list: only acme-owned allocations; a3 (owner beta) is hidden.
     status, body = await client("oscar", "GET", acme)
     assert status == 200 and names(body) == ["a1"]

@@ -181,7 +181,7 @@ def status_body(reply: bytes) -> tuple[int, dict[str, Any]]:
     return code, json.loads(body) if body.strip() else {}
 
 
-NS = "/api/v1/tenants/acme/namespaces/dev/configmaps"
+NS = "/api/v1/tenants/acme/namespaces/dev/events"  # not quota-tracked: bodies stream
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
@@ -435,6 +435,8 @@ async def test_readyz_healthz_metrics(
         async with s.get(url(sidecar, f"{NS}/c1"), headers=ADMIN) as r:
             assert r.status == 200
         async with s.get(url(sidecar, "/metrics")) as r:
+            assert r.status == 401  # names tenants: authorized like any URL (DESIGN §9)
+        async with s.get(url(sidecar, "/metrics"), headers=ADMIN) as r:
             text = await r.text()
     assert 'sidecar_requests_total{code="200",decision=' in text
     assert 'tenant="system"' in text

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from sidecar.quota.ledger import Ledger, QuotaExceeded, reservation_id
+from sidecar.quota.ledger import Ledger, QuotaExceeded, new_reservation_id
 from tests import harness
 from tests.test_quota_support import make_ledger
 
@@ -182,11 +182,11 @@ async def test_sigkill_between_reserve_and_commit_frees_after_ttl(
         assert usage.get_in_progress("", "servers") == 1
         with pytest.raises(QuotaExceeded):
             await ledger.reserve("acme", "default", {"servers": 1}, {"servers": 1}, {},
-                                 reservation_id("acme", "t", None)[0])
+                                 new_reservation_id())
         await asyncio.sleep(ttl + 0.5)
         assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
         await ledger.reserve("acme", "default", {"servers": 1}, {"servers": 1}, {},
-                             reservation_id("acme", "t", None)[0])
+                             new_reservation_id())
     finally:
         await ledger.close()
         sidecar.stop()

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.quota.ledger import Ledger, ObjectRef, QuotaExceeded, reservation_id
+from sidecar.quota.ledger import (
+    ClaimConflict,
+    Ledger,
+    LedgerError,
+    ObjectRef,
+    QuotaExceeded,
+    idempotency_claim,
+    new_reservation_id,
+    object_claim,
+)
 from tests.test_quota_support import BACKENDS, FakeClock, make_ledger
 
 
@@ -32,7 +41,7 @@ async def ledger(
 
 
 def rid() -> str:
-    return reservation_id("acme", "alice", None)[0]
+    return new_reservation_id()
 
 
 async def test_reserve_commit_counts_used(ledger: Ledger) -> None:
@@ -112,22 +121,113 @@ async def test_commit_after_expiry_still_counts_the_object(
     assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
 
 
-async def test_idempotency_key_reuses_reservation(ledger: Ledger) -> None:
-    key, idem = reservation_id("acme", "alice", "k-1")
-    assert idem
-    r1 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
-    r2 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
-    assert r2.reused and r2.id == r1.id
+async def test_idempotency_claim_never_skips_the_check(ledger: Ledger) -> None:
+    claim = idempotency_claim("acme", "k-1", "POST", "/servers", b'{"a":1}')
+    r1 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
+    # In flight: the same request again is refused, nothing new reserved.
+    with pytest.raises(ClaimConflict) as exc:
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
+    assert exc.value.in_flight
+    # Another body or path under the same key: refused whatever the state.
+    for other in (idempotency_claim("acme", "k-1", "POST", "/servers", b'{"a":2}'),
+                  idempotency_claim("acme", "k-1", "POST", "/configmaps", b'{"a":1}')):
+        with pytest.raises(ClaimConflict) as exc:
+            await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), other)
+        assert not exc.value.in_flight
     assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
-    await ledger.commit(r2, "web", "servers")
-    r3 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, key, True)
-    assert r3.reused and r3.state == "committed"
-    await ledger.commit(r3, "web", "servers")
+    await ledger.commit(r1, "web", "servers")
+    # Committed: a retry is checked and charged like a new create, up to the limit.
+    r2 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
+    await ledger.commit(r2, "web-2", "servers")
+    with pytest.raises(QuotaExceeded):
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
+    # Still remembered after the refusal: another body is still refused.
+    with pytest.raises(ClaimConflict):
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 9}, {}, rid(),
+                             idempotency_claim("acme", "k-1", "POST", "/servers", b"{}"))
     u = await ledger.usage("acme")
-    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
-    # Another user's identical key is a different reservation.
-    other, _ = reservation_id("acme", "bob", "k-1")
-    assert other != key
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (2, 0)
+    # The key is the caller tenant's: another tenant's identical key is another claim.
+    assert idempotency_claim("beta", "k-1", "POST", "/servers", b'{"a":1}').key != claim.key
+
+
+async def test_released_claim_is_free_again(ledger: Ledger) -> None:
+    claim = idempotency_claim("acme", "k", "POST", "/servers", b"{}")
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid(), claim)
+    await ledger.release(r)
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid(), claim)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
+
+
+async def test_claims_expire_with_their_reservation(ledger: Ledger, clock: FakeClock) -> None:
+    claim = idempotency_claim("acme", "k", "POST", "/servers", b"{}")
+    await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid(), claim)
+    clock.advance(ledger.ttl + 1)
+    other = idempotency_claim("acme", "k", "POST", "/servers", b"[]")
+    await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid(), other)
+
+
+async def test_update_reserves_the_increase_and_commits_the_new_charge(ledger: Ledger) -> None:
+    limits = {"requests.cpu": 1000}
+    obj = ObjectRef("acme", "dev", "pods", "p")
+    r = await ledger.reserve("acme", "dev", {"pods": 1, "requests.cpu": 100}, limits, {}, rid())
+    await ledger.commit(r, "p", "pods")
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    with pytest.raises(ClaimConflict) as exc:
+        await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    assert exc.value.in_flight
+    with pytest.raises(QuotaExceeded) as refused:
+        await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 5_000_000},
+                                    {"pods": 1}, limits, {})
+    assert refused.value.requested == 5_000_000 - 100
+    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 900},
+                                       {"pods": 1}, limits, {})
+    assert lock.charge == {"requests.cpu": 800}
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "requests.cpu"), u.get_in_progress("", "requests.cpu")) == (100, 800)
+    await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 900})
+    u = await ledger.usage("acme")
+    assert (u.get_used("dev", "requests.cpu"), u.get_in_progress("", "requests.cpu")) == (900, 0)
+    # A decrease reserves nothing and returns the difference on commit.
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 200}, {},
+                                       limits, {})
+    assert lock.charge == {}
+    await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 200})
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "requests.cpu"), u.get_used("", "pods")) == (200, 1)
+    assert await ledger.delete(obj) == {"pods": 1, "requests.cpu": 200}
+
+
+async def test_update_of_an_unrecorded_or_deleted_object(ledger: Ledger) -> None:
+    obj = ObjectRef("acme", "dev", "pods", "old")
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    # Not recorded (made before the ledger): the increase is over its current charge,
+    # and the commit records the object with its whole new charge.
+    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 300},
+                                       {"pods": 1, "requests.cpu": 100},
+                                       {"requests.cpu": 250}, {})
+    assert lock.charge == {"requests.cpu": 200}
+    await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 300})
+    assert (await ledger.usage("acme")).get_used("", "requests.cpu") == 300
+    # Deleted while the update ran: it stays deleted.
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    await ledger.delete(obj)
+    await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 999})
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "requests.cpu"), u.get_in_progress("", "requests.cpu")) == (0, 0)
+
+
+async def test_released_update_frees_its_increase_and_its_claim(ledger: Ledger) -> None:
+    obj = ObjectRef("acme", "dev", "pods", "p")
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 50}, {}, {}, {})
+    await ledger.release(lock)
+    assert (await ledger.usage("acme")).get_in_progress("", "requests.cpu") == 0
+    lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
+    await ledger.release(lock)
+    with pytest.raises(LedgerError):
+        await ledger.reserve_change(lock, obj, {"pods": 1}, {}, {}, {})
 
 
 async def test_delete_returns_charge_once(ledger: Ledger) -> None:
@@ -232,3 +332,31 @@ async def test_concurrent_reserves_respect_limit(ledger: Ledger) -> None:
 
     results = await asyncio.gather(*(one() for _ in range(30)))
     assert sum(results) == 7
+
+
+async def test_sqlite_file_faults_fail_closed_without_paths(tmp_path: Path) -> None:
+    import os
+
+    from sidecar.quota.sqlite import SqliteLedger
+
+    path = tmp_path / "faults" / "ledger.db"
+    led = SqliteLedger(str(path), 60)
+    try:
+        r = await led.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+        await led.commit(r, "a", "servers")
+        os.remove(path)
+        with pytest.raises(LedgerError) as exc:
+            await led.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+        assert str(exc.value) == "ledger file missing" and str(tmp_path) in exc.value.detail
+        with pytest.raises(LedgerError):
+            await led.ping()
+        assert not path.exists()  # never silently recreated empty
+        # An operator puts a ledger file back: it is opened.
+        other = SqliteLedger(str(path), 60)
+        r = await other.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+        await other.commit(r, "b", "servers")
+        await other.close()
+        await led.ping()
+        assert (await led.usage("acme")).get_used("", "servers") == 1
+    finally:
+        await led.close()

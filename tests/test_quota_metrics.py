@@ -60,7 +60,7 @@ async def test_used_and_hard_gauges_follow_creates(sidecar_url: str) -> None:
         # The gauges are refreshed every few seconds for tenants with recent activity.
         used = hard = None
         for _ in range(40):
-            async with s.get(f"{sidecar_url}/metrics") as r:
+            async with s.get(f"{sidecar_url}/metrics", headers=admin) as r:
                 text = await r.text()
             used = sample(text, "sidecar_quota_used", tenant="acme", resource="servers")
             hard = sample(text, "sidecar_quota_hard", tenant="acme", resource="servers")

@@ -2,7 +2,8 @@
 commit, release, expire, delete, limit update and reconcile, checked step by step
 against a plain-Python model, with the invariants: nothing is ever negative;
 used + in_progress ≤ hard unless an admin lowered a limit (or a late commit or a
-reconcile counted objects the ledger had not admitted); idempotent retries never
+reconcile counted objects the ledger had not admitted); an idempotency claim is 409 while
+pending, 422 for another fingerprint, and never skips the check; retries never
 double-count."""
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sidecar.quota.ledger import Ledger, ObjectRef, QuotaExceeded, Reservation, reservation_id
+from sidecar.quota.ledger import (
+    Claim,
+    ClaimConflict,
+    Ledger,
+    ObjectRef,
+    QuotaExceeded,
+    Reservation,
+    new_reservation_id,
+)
 from tests.test_quota_support import FakeClock, make_ledger
 
 TTL = 30.0
@@ -43,6 +52,8 @@ class ModelRes:
     charge: dict[str, int]
     state: str
     expires: float
+    claim: str = ""
+    fp: str = ""
 
 
 @dataclass
@@ -116,10 +127,20 @@ class LedgerMachine(RuleBasedStateMachine):
         now = self.clock()
         m.purge(now)
         charge = {"servers": 1, **({"requests.cpu": cpu} if cpu else {})}
-        rid, idem = reservation_id(TENANT, "alice", key)
-        existing = m.reservations.get(rid) if idem else None
+        rid = new_reservation_id()
+        claim = Claim(f"idem:{key}", f"{ns}/{cpu}") if key else None
+        holder = None
+        if claim is not None:
+            holder = next((i for i, v in m.reservations.items() if v.claim == claim.key), None)
+        conflict = None  # None, or the expected ClaimConflict.in_flight
+        if holder is not None and claim is not None:
+            v = m.reservations[holder]
+            if v.fp != claim.fingerprint:
+                conflict = False
+            elif v.state == "pending":
+                conflict = True
         expected_refusal = None
-        if existing is None:
+        if conflict is None:
             for scope in ("", ns):
                 limits, used, inp = m.limits(scope), m.used(scope), m.in_progress(scope)
                 for res, n in charge.items():
@@ -131,17 +152,22 @@ class LedgerMachine(RuleBasedStateMachine):
                     break
         try:
             r = self.run(self.ledger.reserve(TENANT, ns, charge, m.tenant_limits,
-                                             m.ns_limits.get(ns, {}), rid, idem))
+                                             m.ns_limits.get(ns, {}), rid, claim))
+        except ClaimConflict as exc:
+            assert conflict is not None and exc.in_flight == conflict
+            return None
         except QuotaExceeded as exc:
+            assert conflict is None, "a claim conflict was expected"
             assert expected_refusal is not None, "refused although the model has room"
             assert exc.resource == expected_refusal[0]
             return None
+        assert conflict is None, "a claim conflict was expected"
         assert expected_refusal is None, f"admitted over {expected_refusal}"
-        if existing is not None:
-            assert r.reused and r.state == existing.state and r.charge == existing.charge
-        else:
-            assert not r.reused
-            m.reservations[rid] = ModelRes(ns, charge, "pending", now + TTL)
+        if holder is not None:
+            del m.reservations[holder]  # a committed claim is taken over
+        m.reservations[rid] = ModelRes(ns, charge, "pending", now + TTL,
+                                       claim.key if claim else "",
+                                       claim.fingerprint if claim else "")
         return r
 
     @rule(target=objects, r=consumes(reservations), same_name=st.booleans())
@@ -282,7 +308,7 @@ def test_model_sees_a_broken_ledger() -> None:
             async def no_release(_: Reservation) -> None:
                 return None
 
-            self.ledger.release = no_release  # type: ignore[method-assign]
+            self.ledger.release = no_release  # type: ignore[method-assign,assignment]
 
     Leaky.TestCase.settings = settings(SETTINGS, max_examples=100, database=None,
                                       derandomize=True)

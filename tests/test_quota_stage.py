@@ -179,7 +179,7 @@ async def test_creates_are_counted_and_refused_over_quota(
     assert q["servers"]["used"] == 3 and q["servers"]["available"] == 0
     assert q["requests.cpu"]["used"] == "750m"
     assert q["servers"]["source"] == "default"
-    metrics = await (await http.get(u(sidecar, "/metrics"))).text()
+    metrics = await (await http.get(u(sidecar, "/metrics"), headers=ADMIN)).text()
     assert 'sidecar_quota_refusals_total{resource="servers",tenant="acme"} 1.0' in metrics
 
 
@@ -204,8 +204,12 @@ async def test_bad_requests_are_400_and_reserve_nothing(
         status, body = await create(http, sidecar, server_body("x", bad))
         assert status == 400, bad
         assert body["kind"] == "Status" and "requests" in body["message"]
-    async with http.post(u(sidecar, SERVERS), data=b"{not json", headers=ALICE) as r:
+    json_type = {**ALICE, "Content-Type": "application/json"}
+    async with http.post(u(sidecar, SERVERS), data=b"{not json", headers=json_type) as r:
         assert r.status == 400
+    # A body the sidecar must read is JSON only (DESIGN §7): another type is 415.
+    async with http.post(u(sidecar, SERVERS), data=b"{}", headers=ALICE) as r:
+        assert r.status == 415
     q = await show(http, sidecar)
     assert q["servers"]["in_progress"] == 0 and q["servers"]["used"] == 0
 
@@ -294,7 +298,7 @@ async def test_ledger_unreachable_fails_tracked_creates_only(
             assert r.status == 201
         async with http.get(u(server, SERVERS), headers=ALICE) as r:
             assert r.status == 200
-        metrics = await (await http.get(u(server, "/metrics"))).text()
+        metrics = await (await http.get(u(server, "/metrics"), headers=ADMIN)).text()
         assert 'sidecar_ledger_errors_total{op="reserve"} 1.0' in metrics
     finally:
         await server.close()

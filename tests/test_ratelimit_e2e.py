@@ -83,12 +83,14 @@ async def test_two_sidecars_share_one_global_limit(
     tmp_path: Path, store: harness.Proc, redis_url: str, redis_prefix: str
 ) -> None:
     config = sidecar_config(tmp_path, store.url, redis_url, redis_prefix)
-    a = harness.start_sidecar(tmp_path, config, name="a")
+    # /metrics without credentials on its own address (alice's bucket is spent).
+    scrape = f"127.0.0.1:{harness.free_port()}"
+    a = harness.start_sidecar(tmp_path, {**config, "metricsListen": scrape}, name="a")
     b = harness.start_sidecar(tmp_path, config, name="b")
     try:
         async with aiohttp.ClientSession() as http:
             counts, elapsed = await hammer(http, [a.url, b.url], 2.0)
-            metrics = await (await http.get(a.url + "/metrics")).text()
+            metrics = await (await http.get(f"http://{scrape}/metrics")).text()
         limited = counts.get(429, 0)
         admitted = sum(n for code, n in counts.items() if code != 429)
         print(f"\ntwo replicas, global 5/s burst 5: {counts} in {elapsed:.2f}s")
@@ -112,7 +114,8 @@ async def test_redis_going_away_falls_back_to_local_tier(
         tmp_path, store.url, f"redis://127.0.0.1:{proxy.port}/0", redis_prefix
     )
     config["rateLimit"]["failOpenLogInterval"] = 3600
-    sidecar = harness.start_sidecar(tmp_path, config)
+    scrape = f"127.0.0.1:{harness.free_port()}"  # /metrics without credentials
+    sidecar = harness.start_sidecar(tmp_path, {**config, "metricsListen": scrape})
     try:
         async with aiohttp.ClientSession() as http:
             before, _ = await hammer(http, [sidecar.url], 0.5)
@@ -124,7 +127,7 @@ async def test_redis_going_away_falls_back_to_local_tier(
             after, _ = await hammer(http, [sidecar.url], 1.0)
             async with http.get(sidecar.url + "/readyz") as resp:
                 ready_after = json.loads(await resp.read())
-            metrics = await (await http.get(sidecar.url + "/metrics")).text()
+            metrics = await (await http.get(f"http://{scrape}/metrics")).text()
         print(f"\nbefore Redis went away: {before}; after: {after}")
         for counts in (before, after):
             assert all(code < 500 for code in counts), counts

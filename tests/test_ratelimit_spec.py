@@ -7,7 +7,12 @@ import textwrap
 import pytest
 
 from sidecar.policy.files import parse_yaml_documents
-from sidecar.ratelimit.spec import Rate, RateLimitPolicy, parse_rate_limits
+from sidecar.ratelimit.spec import (
+    DEFAULT_MAX_WATCHES,
+    Rate,
+    RateLimitPolicy,
+    parse_rate_limits,
+)
 
 
 def parse(text: str) -> tuple[RateLimitPolicy, list[str]]:
@@ -57,6 +62,25 @@ def test_default_and_override_with_reads_writes_users_inflight() -> None:
     assert "1 tenant override" in policy.describe()
 
 
+def test_max_watches_has_a_default_for_every_tenant() -> None:
+    policy, problems = parse(
+        """\
+        kind: RateLimit
+        spec: {tenant: acme, maxWatches: 7}
+        ---
+        kind: RateLimit
+        spec: {tenant: beta, rate: 1, burst: 1}
+        """
+    )
+    assert problems == []
+    assert policy.max_watches("acme") == 7
+    assert policy.max_watches("beta") == DEFAULT_MAX_WATCHES == 50
+    assert policy.max_watches("gamma") == DEFAULT_MAX_WATCHES  # no document applies
+    none, _ = parse("kind: ClusterRole\nmetadata: {name: x}\nrules: []\n")
+    assert none.max_watches("acme") == DEFAULT_MAX_WATCHES
+    assert "maxWatches 50" in none.describe()
+
+
 def test_override_without_default_leaves_other_tenants_unlimited() -> None:
     policy, problems = parse("kind: RateLimit\nspec: {tenant: acme, rate: 1, burst: 1}\n")
     assert problems == []
@@ -83,6 +107,9 @@ def test_override_without_default_leaves_other_tenants_unlimited() -> None:
         ("{rate: 1, burst: 1, brust: 3}", 3, "unknown field 'spec.brust'"),
         ("{rate: 1, burst: 1, maxInFlight: 0}", 3, "maxInFlight must be a whole number"),
         ("{rate: 1, burst: 1, maxInFlight: many}", 3, "maxInFlight must be a whole number"),
+        ("{rate: 1, burst: 1, maxWatches: 0}", 3, "maxWatches must be a whole number"),
+        ("{rate: 1, burst: 1, maxWatches: 2.5}", 3, "maxWatches must be a whole number"),
+        ("{rate: 1, burst: 1, maxWatches: true}", 3, "maxWatches must be a whole number"),
         ("{rate: 1, burst: 1, reads: {rate: 0, burst: 1}}", 3, "spec.reads.rate must be positive"),
         ("{rate: 1, burst: 1, writes: {rate: 1}}", 3, "spec.writes has 'rate' but no 'burst'"),
         ("{rate: 1, burst: 1, users: {rate: 1, burst: 1, per: x}}", 3, "'spec.users.per'"),

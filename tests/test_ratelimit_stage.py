@@ -21,7 +21,7 @@ from sidecar.errors import StatusError, unauthorized
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler, build_chain
 from sidecar.policy.files import parse_yaml_documents
-from sidecar.ratelimit.spec import RateLimitPolicy, parse_rate_limits
+from sidecar.ratelimit.spec import DEFAULT_MAX_WATCHES, RateLimitPolicy, parse_rate_limits
 from sidecar.ratelimit.stage import (
     AnonymousRateLimitStage,
     RateLimiter,
@@ -338,6 +338,62 @@ async def test_watches_do_not_hold_inflight_slots(make_client: MakeClient) -> No
     rig.upstream.gate = None
     assert (await client.get(PODS, headers=auth("alice"))).status == 200
     assert (await watch).status == 200
+
+
+async def test_open_watches_are_limited_per_tenant(make_client: MakeClient) -> None:
+    rig = Rig(policy("kind: RateLimit\nspec: {rate: 1000, burst: 1000, maxWatches: 2}\n"))
+    client = await make_client(rig)
+    rig.upstream.gate = asyncio.Event()
+    watches = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth(u)))
+               for u in ("alice", "bob")]
+    await rig.upstream.wait_entered(2)
+    refused = await client.get(PODS + "?watch=true", headers=auth("alice"))
+    assert refused.status == 429
+    body = await refused.json()
+    assert body["kind"] == "Status" and "open watches" in body["message"]
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.headers["RateLimit-Limit"] == "1000"
+    assert rig.count("acme", "watches", "limited") == 1
+    # Ordinary requests and other tenants' watches are not held back by acme's.
+    other = asyncio.create_task(client.get(BETA_PODS + "?watch=true", headers=auth("carol")))
+    await rig.upstream.wait_entered(3)
+    assert rig.limiter.watches.counts == {"acme": 2, "beta": 1}
+    assert rig.limiter.inflight.counts == {}
+    rig.upstream.gate.set()
+    assert [r.status for r in await asyncio.gather(*watches, other)] == [200] * 3
+    assert rig.limiter.watches.counts == {}
+
+
+async def test_watch_limit_applies_without_rate_limit_documents(
+    make_client: MakeClient,
+) -> None:
+    rig = Rig(policy("kind: ClusterRole\nmetadata: {name: x}\nrules: []\n"))
+    client = await make_client(rig)
+    rig.upstream.gate = asyncio.Event()
+    watches = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
+               for _ in range(DEFAULT_MAX_WATCHES)]
+    await rig.upstream.wait_entered(DEFAULT_MAX_WATCHES)
+    refused = await client.get(PODS + "?watch=true", headers=auth("bob"))
+    assert refused.status == 429
+    # No bucket to report: the headers describe the watch limit itself.
+    assert refused.headers["RateLimit-Limit"] == str(DEFAULT_MAX_WATCHES)
+    assert refused.headers["RateLimit-Remaining"] == "0"
+    assert refused.headers["Retry-After"] == "1"
+    rig.upstream.gate.set()
+    assert {r.status for r in await asyncio.gather(*watches)} == {200}
+
+
+async def test_dry_run_watches_count_would_limit(make_client: MakeClient) -> None:
+    rig = Rig(policy("kind: RateLimit\nspec: {maxWatches: 1}\n"), {"mode": "dry-run"})
+    client = await make_client(rig)
+    rig.upstream.gate = asyncio.Event()
+    tasks = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
+             for _ in range(3)]
+    await rig.upstream.wait_entered(3)
+    rig.upstream.gate.set()
+    assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 3
+    assert rig.count("acme", "watches", "would_limit") == 2
+    assert rig.limiter.watches.counts == {}
 
 
 async def test_global_dry_run_counts_and_lets_through(make_client: MakeClient) -> None:

@@ -2,7 +2,8 @@
 `sidecar.policy.explain`.
 
 - `check DIR…` prints every problem as `file:line: message` (all of them, one run)
-  and exits 1 if there is any.
+  and exits 1 if there is any; warnings (`file:line: WARNING: …`) are printed too but
+  never change the exit status.
 - `test DIR…` runs every `PolicyTest` case, prints one line per failing case
   (expected vs actual and the reason), the summary `N passed, M failed`, and the
   rules no case exercised; exits 1 on a failure, a policy problem, or no cases.
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from sidecar.policy import explain
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.checks import cross_document_problems
+from sidecar.policy.checks import cross_document_problems, warnings
 from sidecar.policy.files import Problem
 from sidecar.policy.testing import PolicyCase, parse_tests, run_tests
 
@@ -62,6 +63,8 @@ def _check(args: argparse.Namespace) -> int:
     bundle, problems, _ = validate(args.dirs)
     for p in problems:
         print(p)
+    for w in warnings(bundle.documents):
+        print(w)
     if problems:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
         return 1

@@ -40,6 +40,7 @@ from sidecar.policy.decision import Decision
 from sidecar.policy.files import Document, Problem
 from sidecar.policy.owner import owner_value
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, RbacPolicy, group_key, parse_rbac, user_key
+from sidecar.policy.scopes import DEFAULT_OWNER_FIELDS, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ _R_TOKENS = ("r_sub", "r_nd", "r_td", "r_scope", "r_grp", "r_res", "r_name", "r_
 _P_TOKENS = ("p_sub", "p_kind", "p_grp", "p_res", "p_name", "p_act", "p_cond", "p_id")
 _ITEM_VERBS = frozenset({"get", "update", "patch", "delete", "create"})
 _LIST_VERBS = frozenset({"list"})
+# Writes whose body says who owns the object (subresource bodies are not the object).
+_OWNER_BODY_VERBS = frozenset({"create", "update", "patch"})
+# The owner behind any other verb is read fresh (DESIGN §5: writes never use a cache).
+READ_VERBS = frozenset({"get", "list", "watch"})
 
 Request = tuple[str, str, str, str, str, str, str, str]  # r without sub and own
 
@@ -129,6 +134,13 @@ class PolicyEngine:
             for r in resources:
                 if "*" not in r:
                     entry.by_resource.setdefault(r, []).append(line)
+        # (apiGroups, resources, ownerField) of every owner rule, for `owner_fields`.
+        self._owner_rules: list[tuple[frozenset[str], frozenset[str], str]] = [
+            (frozenset(rule.api_groups),
+             frozenset(r.partition("/")[0] for r in rule.resources), rule.owner_field)
+            for role_def in self.policy.roles.values() for rule in role_def.rules
+            if rule.owner
+        ]
         # (domain, subject) → {role: binding label}
         self._links: dict[tuple[str, str], dict[str, str]] = {}
         for link, bindings in self.compiled.link_bindings.items():
@@ -165,12 +177,51 @@ class PolicyEngine:
 
     def can_reach(self, identity: Identity, target: RequestTarget) -> bool:
         """Whether any binding in force for this caller could grant anything on this
-        target's resource (any verb). Only ClusterRoleBindings reach other tenants;
-        a tenant's own bindings reach cluster-scoped objects through owner rules."""
+        target's resource (any verb). Only ClusterRoleBindings reach other tenants and
+        lists across tenants; a tenant's own bindings reach cluster-scoped objects
+        through owner rules (`request_vector` gives them no domain elsewhere)."""
         m = self.match(identity, target, any_verb=True)
         return m.unconditional is not None or bool(m.owner)
 
-    def match(self, identity: Identity, target: RequestTarget, any_verb: bool = False) -> Match:
+    def cluster_wide(self, identity: Identity, target: RequestTarget) -> bool:
+        """Whether a grant in force cluster-wide (a ClusterRoleBinding) allows this
+        request unconditionally."""
+        return self.match(identity, target, domains=("*",)).unconditional is not None
+
+    def owner_fields(self, api_group: str, resource: str) -> tuple[str, ...]:
+        """The owner fields objects of this resource carry: those the policy's owner
+        rules name for it, plus the built-in `DEFAULT_OWNER_FIELDS`."""
+        base = resource.partition("/")[0]
+        found: dict[str, None] = {}
+        default = DEFAULT_OWNER_FIELDS.get((api_group, base))
+        if default:
+            found[default] = None
+        for groups, resources, owner_field in self._owner_rules:
+            if ("*" in groups or api_group in groups) and ("*" in resources or base in resources):
+                found[owner_field] = None
+        return tuple(found)
+
+    def owner_checks(
+        self, match: Match, identity: Identity, target: RequestTarget
+    ) -> tuple[str, ...]:
+        """The owner fields a write's body must keep to the caller's tenant
+        (`owner.enforce_owner`), or () when no such rule applies: only a grant in force
+        cluster-wide may set another tenant as owner, on create, update or patch."""
+        if (not target.resource_request or target.verb not in _OWNER_BODY_VERBS
+                or target.subresource):
+            return ()
+        fields = dict.fromkeys(g.owner_field for g in match.owner) if match.owner_only else {}
+        fields.update(dict.fromkeys(self.owner_fields(target.api_group, target.resource)))
+        if not fields or (match.unconditional is not None and self.cluster_wide(identity, target)):
+            return ()
+        return tuple(fields)
+
+    def match(
+        self, identity: Identity, target: RequestTarget, any_verb: bool = False,
+        domains: tuple[str, ...] | None = None,
+    ) -> Match:
+        """What the policy grants; `domains` limits the bindings looked at (e.g. `("*",)`
+        for ClusterRoleBindings only)."""
         req = request_vector(identity, target)
         if isinstance(req, str):
             return Match(invalid=req)
@@ -180,8 +231,8 @@ class PolicyEngine:
         names["r_own"] = OWNED
         owner: list[Grant] = []
         seen: set[tuple[str, str]] = set()
-        for dom in (nd, td, "*"):
-            if dom == NO_DOMAIN:
+        for dom in domains or (nd, td, "*"):
+            if dom == NO_DOMAIN or dom not in (nd, td, "*"):
                 continue
             for sub in subjects:
                 roles = self._links.get((dom, sub))
@@ -318,7 +369,11 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
                 target.verb)
     tenant = target.tenant
     if target.scope == Scope.CLUSTER:
-        nd, td = NO_DOMAIN, identity.tenant
+        # A tenant's own bindings reach the cluster level only for cluster-scoped
+        # objects (through owner rules); a list of a namespaced or tenant-scoped
+        # resource across every tenant is for ClusterRoleBindings alone.
+        own = identity.tenant if is_cluster_scoped(target.api_group, target.resource) else NO_DOMAIN
+        nd, td = NO_DOMAIN, own
     else:
         if tenant is None:  # a short path not resolved yet
             tenant = target.resolve_tenant(identity.tenant).tenant or identity.tenant

@@ -3,8 +3,9 @@
 Owns the explanation object of DESIGN §5 (`--json`), the evaluation of one
 `PolicyTest` case (`evaluate_case`, reused by `sidecar policy test`), and the argparse
 registration of the `explain` and `compile` subcommands. A case is decided exactly as
-the authorize stage decides: the engine's decision, then for owner grants the body
-checks of restricted creates and owner-preserving updates.
+the authorize stage decides: the engine's decision, then for writes of objects that
+carry an owner, unless a cluster-wide grant allows them, the same owner rule on the
+body (`engine.owner_checks` + `owner.enforce_owner`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from sidecar.isolation import outside_caller_tenant
 from sidecar.policy.bundle import PolicyBundle, load_bundle
 from sidecar.policy.compile import print_compiled
 from sidecar.policy.decision import Decision, Outcome
-from sidecar.policy.owner import check_create, check_update
+from sidecar.policy.engine import Match
+from sidecar.policy.owner import enforce_owner, patch_kind
 from sidecar.target import RequestTarget, TargetError, parse_target
 
 OUTCOMES = frozenset({"allow", "deny", "filter", "notfound"})
@@ -37,7 +39,7 @@ def parse_request(method: str, path: str) -> RequestTarget:
 def _decide(
     bundle: PolicyBundle, identity: Identity, target: RequestTarget, obj: Any,
     conceal: bool = True,
-) -> tuple[RequestTarget, Decision, bool]:
+) -> tuple[RequestTarget, Decision, Match]:
     """Decide as the running sidecar does: the isolation stage first (a target outside
     the caller's tenant that no binding reaches is `notfound`, or `deny` when
     concealment is off), then the authorize stage's decision."""
@@ -53,9 +55,9 @@ def _decide(
             reason = (f"isolation: {where} is outside the caller's tenant {identity.tenant!r} "
                       "and no binding in force reaches it")
             outcome: Outcome = "notfound" if conceal else "deny"
-            return target, Decision(outcome, reason, bundle.revision), False
+            return target, Decision(outcome, reason, bundle.revision), Match()
     match = engine.match(identity, target)
-    return target, engine.finish(match, identity, target, obj), match.owner_only
+    return target, engine.finish(match, identity, target, obj), match
 
 
 def explain(
@@ -96,23 +98,23 @@ def evaluate_case(
         method, path = request.get("method", "GET"), request.get("path")
         if not isinstance(method, str) or not isinstance(path, str):
             raise ValueError("'request' needs string 'method' and 'path'")
-        target, decision, owner_only = _decide(
+        target, decision, match = _decide(
             bundle, identity, parse_request(method, path), case.get("object"), conceal
         )
     except (ValueError, TargetError) as exc:
         return "error", str(getattr(exc, "message", exc)), ""
     body = request.get("body")
-    if body is not None and owner_only and decision.allowed:
-        raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    fields = bundle.engine.owner_checks(match, identity, target) if decision.allowed else ()
+    if body is not None and fields:
         # A list body can only be a JSON patch; a mapping is a merge patch or an object.
         content_type = "application/json-patch+json" if isinstance(body, list) else (
             "application/merge-patch+json")
         try:
-            if target.verb == "create" and not target.name:
-                check_create(raw, identity.tenant, decision.owner_field)
-            elif target.verb in ("update", "patch") and not target.subresource:
-                check_update(raw, identity.tenant, decision.owner_field, content_type,
-                             method.upper())
+            doc = json.loads(body) if isinstance(body, str) else body
+            enforce_owner(doc, identity.tenant, fields, target.verb,
+                          patch_kind(method, content_type))
+        except ValueError:
+            return "error", "the case's body is not valid JSON", decision.rule_id
         except StatusError as exc:
             return ("deny" if exc.code == 403 else "error"), exc.message, decision.rule_id
     return decision.outcome, decision.reason, decision.rule_id

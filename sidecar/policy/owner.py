@@ -1,24 +1,26 @@
 """Owner rules (`when: owner`, Ironic node owners): everything that touches objects.
 
 Owns reading an owner field out of an object, the owner lookup through the upstream
-(a GET the sidecar makes itself, cached briefly in a bounded TTL cache keyed by the
-caller's tenant so one tenant never sees another's entry), the owner filter for list
-responses, and the body checks for create (owner defaulted or must be the caller's
-tenant) and update/patch (the owner may not change). The policy side (which grant
-is an owner grant) lives in the engine; this module never imports it.
+(a GET the sidecar makes itself; reads may use a bounded TTL cache keyed by the
+caller's tenant so one tenant never sees another's entry, writes always read fresh),
+the owner filter for list responses, and the body rule for writes under a grant that
+is not cluster-wide (`enforce_owner`: the owner is the caller's tenant, filled in
+when empty). The policy side (which grant applies, which fields carry an owner)
+lives in the engine; this module never imports it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from cachetools import TTLCache
 
 from sidecar.context import Identity
-from sidecar.errors import StatusError, forbidden, not_found
+from sidecar.errors import StatusError, forbidden
 from sidecar.target import RequestTarget, Scope
 
 _MISSING = object()
@@ -73,13 +75,16 @@ class OwnerLookup:
         )
 
     async def fetch(
-        self, get_json: GetJson, identity: Identity, target: RequestTarget, request_id: str = ""
-    ) -> dict[str, Any]:
-        """The stored object (only as a mapping); 404 if it does not exist, 503 if the
-        upstream fails, so an owner decision is never made without the owner."""
+        self, get_json: GetJson, identity: Identity, target: RequestTarget,
+        request_id: str = "", *, fresh: bool = False,
+    ) -> dict[str, Any] | None:
+        """The stored object (only as a mapping), or None when it does not exist (the
+        caller decides as for an object nobody owns, so the two look alike); 503 if
+        the upstream fails, so an owner decision is never made without the owner.
+        `fresh` skips the cache: the owner behind a write is always read anew."""
         path = item_path(target)
         key = (identity.tenant, path)
-        if self._cache is not None:
+        if self._cache is not None and not fresh:
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
@@ -91,7 +96,8 @@ class OwnerLookup:
                 f"{exc.message}"
             ) from None
         if status == 404:
-            raise not_found(target.resource, target.name)
+            self.forget(identity, target)
+            return None
         if status != 200:
             raise StatusError(
                 503, f"cannot check the owner of {target.resource} {target.name!r}: "
@@ -127,25 +133,61 @@ def list_filter(tenant: str, field: str) -> Callable[[int, bytes], bytes]:
     return apply
 
 
-def _json_body(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        raise StatusError(400, "the request body is not valid JSON") from None
+PatchKind = str  # "" (a whole object), "merge" or "json"
 
 
-def check_create(raw: bytes, tenant: str, field: str) -> bytes:
-    """Restricted create: the owner must be `tenant` or empty (then set to `tenant`)."""
-    body = _json_body(raw)
-    if not isinstance(body, dict):
+def patch_kind(method: str, content_type: str) -> PatchKind:
+    """How a write's body says what the stored object becomes."""
+    if method.upper() != "PATCH":
+        return ""
+    return "json" if "json-patch" in content_type else "merge"
+
+
+def enforce_owner(
+    doc: Any, tenant: str, fields: Sequence[str], verb: str, kind: PatchKind
+) -> Any:
+    """The owner rule for a write under a grant that is not cluster-wide (DESIGN §5):
+    every owner field ends up the caller's tenant. A create or update with no owner
+    (missing, null, "") gets `tenant`; a patch may leave the owner alone or set it to
+    `tenant`; any other owner, or a shape that hides it, is 403. Returns a checked copy
+    of `doc` (the bytes to forward); 400 for a body of the wrong JSON type."""
+    if kind == "json":
+        if not isinstance(doc, list):
+            raise StatusError(400, "a JSON patch must be a list of operations")
+        for field in fields:
+            _check_json_patch(doc, tenant, field)
+        return doc
+    if not isinstance(doc, dict):
         raise StatusError(400, "the request body must be a JSON object")
+    out = copy.deepcopy(doc)
+    for field in fields:
+        _check_object(out, tenant, field, patch=kind == "merge", verb=verb)
+    return out
+
+
+def _foreign(field: str, tenant: str, value: Any) -> StatusError:
+    return forbidden(f"{field} must be your tenant {tenant!r} or empty, not "
+                     f"{json.dumps(value)}: only a cluster-wide grant (ClusterRoleBinding) "
+                     "may set another owner")
+
+
+def _cleared(field: str) -> StatusError:
+    return forbidden(f"{field} cannot be cleared by a patch: owners cannot give objects away")
+
+
+def _check_object(body: dict[str, Any], tenant: str, field: str, *, patch: bool,
+                  verb: str) -> None:
     parts = field.split(".")
     try:
         value = _raw_at(body, parts)
     except ValueError:
         raise forbidden(f"{field} has the wrong shape: {'.'.join(parts[:-1])} must be "
                         "an object") from None
+    if value == tenant or (patch and value is _MISSING):
+        return
     if value is _MISSING or value is None or value == "":
+        if patch:
+            raise _cleared(field)
         node = body
         for part in parts[:-1]:
             nxt = node.get(part)
@@ -154,53 +196,29 @@ def check_create(raw: bytes, tenant: str, field: str) -> bytes:
                 node[part] = nxt
             node = nxt
         node[parts[-1]] = tenant
-        return json.dumps(body).encode()
-    if value != tenant:
-        raise forbidden(f"{field} must be your tenant {tenant!r} or empty, not "
-                        f"{json.dumps(value)}: only unrestricted callers may set another owner")
-    return raw
+        return
+    raise _foreign(field, tenant, value)
 
 
-def check_update(raw: bytes, tenant: str, field: str, content_type: str, method: str) -> bytes:
-    """Update/patch through an owner rule: the owner field may not change."""
-    body = _json_body(raw)
-    parts = field.split(".")
-    refused = forbidden(f"{field} cannot be changed through an owner rule: owners cannot "
-                        "give objects away")
-    if method == "PATCH" and "json-patch" in content_type:
-        if not isinstance(body, list):
-            raise StatusError(400, "a JSON patch must be a list of operations")
-        pointer = "/" + "/".join(parts)
-        for op in body:
-            if not isinstance(op, dict):
-                raise StatusError(400, "a JSON patch operation must be an object")
-            for key in ("path", "from"):
-                p = op.get(key)
-                if not isinstance(p, str):
+def _check_json_patch(ops: list[Any], tenant: str, field: str) -> None:
+    pointer = "/" + "/".join(field.split("."))
+    for op in ops:
+        if not isinstance(op, dict):
+            raise StatusError(400, "a JSON patch operation must be an object")
+        for key in ("path", "from"):
+            p = op.get(key)
+            if not isinstance(p, str):
+                continue
+            touches = p == pointer or pointer.startswith(p.rstrip("/") + "/") or p == ""
+            if not touches or (key == "path" and op.get("op") == "test"):
+                continue
+            if key == "path" and op.get("op") in ("add", "replace") and p == pointer:
+                value = op.get("value")
+                if value == tenant:
                     continue
-                touches = p == pointer or pointer.startswith(p.rstrip("/") + "/") or p == ""
-                if not touches:
-                    continue
-                if key == "path" and op.get("op") in ("add", "replace", "test") \
-                        and p == pointer and op.get("value") == tenant:
-                    continue
-                if key == "path" and op.get("op") == "test":
-                    continue
-                raise refused
-        return raw
-    if not isinstance(body, dict):
-        raise StatusError(400, "the request body must be a JSON object")
-    try:
-        value = _raw_at(body, parts)
-    except ValueError:
-        raise refused from None
-    if method == "PATCH":
-        # Merge patch: absent leaves the owner as is; anything else must keep it.
-        if value is _MISSING or value == tenant:
-            return raw
-        raise refused
-    if value == tenant:
-        return raw
-    if value is _MISSING:
-        return check_create(raw, tenant, field)
-    raise refused
+                if value is None or value == "":
+                    raise _cleared(field)
+                raise _foreign(field, tenant, value)
+            raise forbidden(f"this JSON patch operation on {op.get(key)!r} would change "
+                            f"{field}: set it to your tenant {tenant!r} at {pointer} or "
+                            "leave it alone")

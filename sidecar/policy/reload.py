@@ -46,7 +46,6 @@ log = logging.getLogger("sidecar.policy")
 MAX_DEBOUNCE_WINDOWS = 10
 MAX_TORN_RETRIES = 3
 FALLBACK_POLL_SECONDS = 2.0
-SHOWN_PROBLEMS = 3
 LOAD_SWITCH_INTERVAL = 0.0005
 RETIRE_DELAY_SECONDS = 5.0
 RETIRE_ATTEMPTS = 24
@@ -276,11 +275,10 @@ class Reloader:
         loaded = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store.loaded_at))
         detail = f"revision {store.current.revision} in force since {loaded}"
         if store.last_error:
-            shown = "; ".join(str(p) for p in store.last_error[:SHOWN_PROBLEMS])
-            more = len(store.last_error) - SHOWN_PROBLEMS
-            if more > 0:
-                shown += f"; and {more} more"
-            detail += f"; last change refused: {shown}"
+            # Problems name files and tenants: counted here, listed in the log (§9).
+            count = len(store.last_error)
+            detail += f"; last change refused: {count} problem(s), policy reload failed " \
+                      "(see the log)"
         return True, detail
 
     # -- watchers --------------------------------------------------------------------

@@ -28,6 +28,7 @@ from sidecar.errors import StatusError, bad_request, forbidden, not_found, tenan
 from sidecar.quota.ledger import TENANT_SCOPE, Ledger, LedgerError, Usage
 from sidecar.quota.meters import format_units
 from sidecar.quota.spec import QuotaPolicy, effective_limits, limit_error
+from sidecar.quota.stage import ledger_for, ledger_unavailable
 from sidecar.runtime import Runtime
 from sidecar.target import (
     DEFAULT_TENANT,
@@ -54,7 +55,7 @@ class QuotaService:
         try:
             return await self.ledger.usage(tenant)
         except LedgerError as exc:
-            raise StatusError(503, f"the quota ledger is unreachable: {exc}") from None
+            raise ledger_unavailable(exc, "quota api", "quota calls fail") from None
 
     def defaults(self) -> dict[str, Any]:
         hard = self.policy().defaults
@@ -112,7 +113,7 @@ class QuotaService:
         try:
             known = set(await self.ledger.tenants())
         except LedgerError as exc:
-            raise StatusError(503, f"the quota ledger is unreachable: {exc}") from None
+            raise ledger_unavailable(exc, "quota api", "quota calls fail") from None
         tenants = sorted(known | set(pol.tenants) | {t for t, _ in pol.namespaces})
         return {"items": [await self.show(t) for t in tenants]}
 
@@ -137,7 +138,7 @@ class QuotaService:
         try:
             await self.ledger.set_limit(tenant, namespace, resource, hard)
         except LedgerError as exc:
-            raise StatusError(503, f"the quota ledger is unreachable: {exc}") from None
+            raise ledger_unavailable(exc, "quota api", "quota calls fail") from None
         return await self.show(tenant, namespace)
 
 
@@ -164,8 +165,6 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 class QuotaApi:
     def __init__(self, rt: Runtime) -> None:
-        from sidecar.quota.stage import ledger_for
-
         self.rt = rt
         self.service = QuotaService(
             ledger_for(rt), lambda: rt.policy.current.quotas, upstream_tenant_check(rt)
@@ -239,11 +238,7 @@ def _method(method: str, allowed: str) -> None:
 
 
 async def _read_json(ctx: RequestContext) -> Any:
-    raw = await ctx.read_body()
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
+    return await ctx.read_json()
 
 
 def make_api_handler(rt: Runtime) -> Callable[[RequestContext], Awaitable[web.StreamResponse]]:

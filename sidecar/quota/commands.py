@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace, op: Op) -> int:
         print(f"sidecar quota: {exc.message}", file=sys.stderr)
         return 1 if exc.code < 500 else 3
     except LedgerError as exc:
-        print(f"sidecar quota: {exc}", file=sys.stderr)
+        print(f"sidecar quota: {exc.detail}", file=sys.stderr)
         return 3
     if isinstance(result, int):
         return result

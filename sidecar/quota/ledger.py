@@ -7,7 +7,9 @@ as a whole (namespace "") and for each namespace:
 - `in_progress`: live reservations (pending creates); a reservation expires after the
   TTL, so a sidecar that dies between reserve and commit leaks nothing for long;
 - limits set through the quota API (they override the policy files' limits);
-- tombstones of recent deletes, so a reconcile that raced a delete does not revive it.
+- tombstones of recent deletes, so a reconcile that raced a delete does not revive it;
+- claims: a reservation may hold a claim (an `Idempotency-Key` of a create, or the
+  object an update changes), at most one live reservation per claim and tenant.
 
 Every operation is one atomic step in the backend (one SQLite `BEGIN IMMEDIATE`
 transaction, one Redis Lua script), and `reserve` does every check (tenant and
@@ -33,7 +35,24 @@ TOMBSTONE_SECONDS = 3600.0
 
 
 class LedgerError(Exception):
-    """The ledger could not be reached or failed; quota-tracked creates answer 503."""
+    """The ledger could not be reached or failed; quota-tracked creates answer 503.
+
+    `str(exc)` is `reason`: short and safe to show in a Status body or `/readyz` (never a
+    file path, URL or exception text). `detail` carries those, for the log only."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail or reason
+
+
+class ClaimConflict(Exception):
+    """A live reservation already holds the claim: `in_flight` (it is pending → 409),
+    else the claim was used by a different request (another body or path → 422)."""
+
+    def __init__(self, in_flight: bool) -> None:
+        super().__init__("in flight" if in_flight else "different request")
+        self.in_flight = in_flight
 
 
 class QuotaExceeded(Exception):
@@ -66,9 +85,16 @@ class Reservation:
     tenant: str
     namespace: str  # "" for tenant-scoped resources
     charge: Charge
-    # True when an Idempotency-Key matched an existing reservation (nothing new charged).
-    reused: bool = False
-    state: str = "pending"  # or "committed" (a replayed key whose create already succeeded)
+    created: float = 0.0  # the ledger clock when reserved
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a reservation holds exclusively: `key` names it, `fingerprint` tells the
+    request that took it from another one using the same key."""
+
+    key: str
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,12 +134,29 @@ class ReconcileResult:
     after: dict[str, int]
 
 
-def reservation_id(tenant: str, user: str, idempotency_key: str | None) -> tuple[str, bool]:
-    """A fresh id, or a stable one derived from (tenant, user, Idempotency-Key)."""
-    if not idempotency_key:
-        return uuid.uuid4().hex, False
-    digest = hashlib.sha256(f"{tenant}\0{user}\0{idempotency_key}".encode()).hexdigest()
-    return "idem-" + digest[:32], True
+def new_reservation_id() -> str:
+    return uuid.uuid4().hex
+
+
+def idempotency_claim(caller_tenant: str, key: str, method: str, path: str,
+                      body: bytes) -> Claim:
+    """An `Idempotency-Key`, scoped to the caller's tenant, with the fingerprint of the
+    request (method, path with query, body bytes) that used it."""
+    name = hashlib.sha256(f"{caller_tenant}\0{key}".encode()).hexdigest()[:40]
+    h = hashlib.sha256(f"{method}\0{path}\0".encode())
+    h.update(body)
+    return Claim("idem:" + name, h.hexdigest())
+
+
+def object_claim(obj: ObjectRef) -> Claim:
+    """The claim an update holds on the object it changes (one update in flight each)."""
+    return Claim("obj:" + obj.key)
+
+
+def charge_delta(new: Mapping[str, int], old: Mapping[str, int]) -> dict[str, int]:
+    """new - old per resource (zeros left out)."""
+    out = {r: int(new.get(r, 0)) - int(old.get(r, 0)) for r in set(new) | set(old)}
+    return {r: d for r, d in out.items() if d}
 
 
 def split_field(fieldname: str) -> tuple[str, str]:
@@ -138,11 +181,40 @@ class Ledger(abc.ABC):
         tenant_limits: Mapping[str, int],
         namespace_limits: Mapping[str, int],
         reservation_id: str,
-        idempotent: bool = False,
+        claim: Claim | None = None,
     ) -> Reservation:
         """Check every resource of `charge` against the tenant limits and (when
         `namespace`) the namespace limits — API-set limits override the given ones —
-        then record a reservation. Raises QuotaExceeded (nothing written)."""
+        then record a reservation. Raises QuotaExceeded (nothing written).
+
+        With a `claim`: a live reservation holding the same claim key with another
+        fingerprint → ClaimConflict(in_flight=False); a pending one with the same
+        fingerprint → ClaimConflict(in_flight=True); a committed one with the same
+        fingerprint is replaced, and this request is checked and charged like any other
+        (a claim never skips the check)."""
+
+    @abc.abstractmethod
+    async def reserve_change(
+        self,
+        reservation: Reservation,
+        obj: ObjectRef,
+        new_charge: Mapping[str, int],
+        base_charge: Mapping[str, int],
+        tenant_limits: Mapping[str, int],
+        namespace_limits: Mapping[str, int],
+    ) -> Reservation:
+        """An update of `obj` (whose claim `reservation` holds) will make its charge
+        `new_charge`: the increase over its recorded charge (`base_charge` when the
+        object is not recorded) is checked like a create and becomes the reservation's
+        charge. Raises QuotaExceeded (nothing written), LedgerError when the
+        reservation is gone (expired)."""
+
+    @abc.abstractmethod
+    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
+                            new_charge: Mapping[str, int]) -> None:
+        """The update succeeded: drop the reservation (and its claim) and record
+        `new_charge` as the object's charge, `used` moving by the difference from its
+        recorded charge. An object deleted since the reservation stays deleted."""
 
     @abc.abstractmethod
     async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
@@ -152,7 +224,8 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     async def release(self, reservation: Reservation) -> None:
-        """Drop a pending reservation; a committed or expired one is left alone."""
+        """Drop a pending reservation (and its claim); a committed or expired one is
+        left alone."""
 
     @abc.abstractmethod
     async def delete(self, obj: ObjectRef) -> Charge | None:
@@ -212,4 +285,6 @@ def open_ledger(url: str, ttl_seconds: float, clock: Clock | None = None,
         from sidecar.quota.redis import RedisLedger
 
         return RedisLedger(url, ttl_seconds, clock, prefix=redis_prefix)
-    raise ValueError(f"unknown ledger URL {url!r} (expected sqlite:///path or redis://…)")
+    scheme = url.partition(":")[0]  # never the rest: it may hold a password
+    raise ValueError(f"unknown ledger URL scheme {scheme!r} (expected sqlite:///path or "
+                     "redis://…)")

@@ -119,7 +119,8 @@ async def reconcile_tenant(rt: Runtime, ledger: Ledger, tenant: str | None,
     except (ReconcileError, LedgerError, StatusError) as exc:
         if not log_errors:
             raise
-        log.warning("quota reconcile failed: %s", exc)
+        log.warning("quota reconcile failed: %s",
+                    exc.detail if isinstance(exc, LedgerError) else exc)
         return {}
     for t, r in results.items():
         if r.added or r.removed or r.changed:

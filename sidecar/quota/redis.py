@@ -11,7 +11,11 @@ carry the hash tag `{tenant}`, so one script only ever touches one cluster slot:
   {prefix}{T}:objs     hash  "ns|resource|name" → {ns, charge, at}
   {prefix}{T}:limits   hash  "scope|resource" → API-set hard limit
   {prefix}{T}:tomb     zset  "ns|resource|name" by delete time
+  {prefix}{T}:claims   hash  claim → reservation id (Idempotency-Key, object updated)
   {prefix}tenants      set   tenant names (an index for `quota list`, kept outside scripts)
+
+Errors: LedgerError's public reason is "ledger unreachable" (or "ledger error"); the
+Redis message, redacted of any password, is for the log only.
 
 Times come from the ledger's clock (an argument), so expiry is testable; replicas on
 several hosts need synchronised clocks (NTP), as the TTL is minutes.
@@ -19,16 +23,19 @@ several hosts need synchronised clocks (NTP), as the TTL is minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from sidecar.quota.ledger import (
     TENANT_SCOPE,
     TOMBSTONE_SECONDS,
+    Claim,
+    ClaimConflict,
     Clock,
     Ledger,
     LedgerError,
@@ -40,8 +47,9 @@ from sidecar.quota.ledger import (
     split_field,
 )
 from sidecar.quota.meters import Charge
+from sidecar.redact import redact_text
 
-# KEYS: used, inprog, res, resexp, objs, limits, tomb
+# KEYS: used, inprog, res, resexp, objs, limits, tomb, claims
 _COMMON = """
 local function s(n) return string.format('%.0f', n) end
 local function bump(key, field, delta)
@@ -54,20 +62,42 @@ local function apply(key, ns, charge, sign)
     if ns ~= '' then bump(key, ns .. '|' .. res, sign * n) end
   end
 end
+local function unclaim(r, id)
+  if type(r.claim) == 'string' and r.claim ~= '' and redis.call('HGET', KEYS[8], r.claim) == id then
+    redis.call('HDEL', KEYS[8], r.claim)
+  end
+end
+local function drop(id)
+  local raw = redis.call('HGET', KEYS[3], id)
+  if raw then
+    local r = cjson.decode(raw)
+    if r.state == 'pending' then apply(KEYS[2], r.ns, r.charge, -1) end
+    unclaim(r, id)
+    redis.call('HDEL', KEYS[3], id)
+  end
+  redis.call('ZREM', KEYS[4], id)
+end
 local function purge(now)
   local ids = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-  for _, id in ipairs(ids) do
-    local raw = redis.call('HGET', KEYS[3], id)
-    if raw then
-      local r = cjson.decode(raw)
-      if r.state == 'pending' then apply(KEYS[2], r.ns, r.charge, -1) end
-      redis.call('HDEL', KEYS[3], id)
-    end
-    redis.call('ZREM', KEYS[4], id)
-  end
+  for _, id in ipairs(ids) do drop(id) end
 end
 local function num(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
+end
+local function check(ns, charge, tlimits, nlimits)
+  local scopes = {{'tenant', '', tlimits}}
+  if ns ~= '' then table.insert(scopes, {'namespace', ns, nlimits}) end
+  for _, sc in ipairs(scopes) do
+    for res, n in pairs(charge) do
+      local field = sc[2] .. '|' .. res
+      local hard = tonumber(redis.call('HGET', KEYS[6], field) or '') or sc[3][res]
+      if hard then
+        local u, p = num(KEYS[1], field), num(KEYS[2], field)
+        if u + p + n > hard then return cjson.encode({sc[1], res, n, u, p, hard}) end
+      end
+    end
+  end
+  return nil
 end
 """
 
@@ -75,30 +105,80 @@ _RESERVE = _COMMON + """
 local now = tonumber(ARGV[1])
 local expires = tonumber(ARGV[2])
 local id, ns = ARGV[3], ARGV[4]
+local claim, fp = ARGV[8], ARGV[9]
 purge(now)
-if ARGV[8] == '1' then
-  local raw = redis.call('HGET', KEYS[3], id)
-  if raw then return {'reused', raw} end
-end
-local charge = cjson.decode(ARGV[5])
-local scopes = {{'tenant', '', cjson.decode(ARGV[6])}}
-if ns ~= '' then table.insert(scopes, {'namespace', ns, cjson.decode(ARGV[7])}) end
-for _, sc in ipairs(scopes) do
-  for res, n in pairs(charge) do
-    local field = sc[2] .. '|' .. res
-    local hard = tonumber(redis.call('HGET', KEYS[6], field) or '') or sc[3][res]
-    if hard then
-      local u, p = num(KEYS[1], field), num(KEYS[2], field)
-      if u + p + n > hard then
-        return {'refused', cjson.encode({sc[1], res, n, u, p, hard})}
-      end
-    end
+local previous = nil
+if claim ~= '' then
+  local held = redis.call('HGET', KEYS[8], claim)
+  local raw = held and redis.call('HGET', KEYS[3], held)
+  if raw then
+    local r = cjson.decode(raw)
+    if r.fp ~= fp then return {'conflict', 'mismatch'} end
+    if r.state == 'pending' then return {'conflict', 'inflight'} end
+    previous = held
   end
 end
-redis.call('HSET', KEYS[3], id, cjson.encode({ns = ns, charge = charge, state = 'pending'}))
+local charge = cjson.decode(ARGV[5])
+local refusal = check(ns, charge, cjson.decode(ARGV[6]), cjson.decode(ARGV[7]))
+if refusal then return {'refused', refusal} end
+if previous then drop(previous) end
+redis.call('HSET', KEYS[3], id,
+  cjson.encode({ns = ns, charge = charge, state = 'pending', claim = claim, fp = fp}))
 redis.call('ZADD', KEYS[4], expires, id)
+if claim ~= '' then redis.call('HSET', KEYS[8], claim, id) end
 apply(KEYS[2], ns, charge, 1)
 return {'ok', ''}
+"""
+
+_RESERVE_CHANGE = _COMMON + """
+local now = tonumber(ARGV[1])
+local id, objkey = ARGV[2], ARGV[3]
+purge(now)
+local raw = redis.call('HGET', KEYS[3], id)
+if not raw then return {'gone', ''} end
+local r = cjson.decode(raw)
+if r.state ~= 'pending' then return {'gone', ''} end
+apply(KEYS[2], r.ns, r.charge, -1)
+r.charge = {}
+local base = cjson.decode(ARGV[5])
+local o = redis.call('HGET', KEYS[5], objkey)
+if o then base = cjson.decode(o).charge end
+local increase = {}
+for res, n in pairs(cjson.decode(ARGV[4])) do
+  local d = n - (tonumber(base[res]) or 0)
+  if d > 0 then increase[res] = d end
+end
+local refusal = check(r.ns, increase, cjson.decode(ARGV[6]), cjson.decode(ARGV[7]))
+if refusal then
+  redis.call('HSET', KEYS[3], id, cjson.encode(r))
+  return {'refused', refusal}
+end
+r.charge = increase
+redis.call('HSET', KEYS[3], id, cjson.encode(r))
+apply(KEYS[2], r.ns, increase, 1)
+return {'ok', cjson.encode(increase)}
+"""
+
+_COMMIT_CHANGE = _COMMON + """
+local now = tonumber(ARGV[1])
+local id, objkey, ns = ARGV[2], ARGV[3], ARGV[4]
+purge(now)
+drop(id)
+local t = redis.call('ZSCORE', KEYS[7], objkey)
+if t and tonumber(t) >= tonumber(ARGV[7]) then return 0 end
+local new = cjson.decode(ARGV[5])
+local raw = redis.call('HGET', KEYS[5], objkey)
+local o
+if raw then
+  o = cjson.decode(raw)
+  apply(KEYS[1], ns, o.charge, -1)
+else
+  o = {ns = ns, res = ARGV[6], at = now}
+end
+o.charge = new
+redis.call('HSET', KEYS[5], objkey, cjson.encode(o))
+apply(KEYS[1], ns, new, 1)
+return 1
 """
 
 _COMMIT = _COMMON + """
@@ -128,9 +208,7 @@ local raw = redis.call('HGET', KEYS[3], ARGV[1])
 if not raw then return 0 end
 local r = cjson.decode(raw)
 if r.state ~= 'pending' then return 0 end
-apply(KEYS[2], r.ns, r.charge, -1)
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
+drop(ARGV[1])
 return 1
 """
 
@@ -243,6 +321,8 @@ class RedisLedger(Ledger):
         )
         c = self.client
         self._reserve = c.register_script(_RESERVE)
+        self._reserve_change = c.register_script(_RESERVE_CHANGE)
+        self._commit_change = c.register_script(_COMMIT_CHANGE)
         self._commit = c.register_script(_COMMIT)
         self._release = c.register_script(_RELEASE)
         self._delete = c.register_script(_DELETE)
@@ -253,25 +333,26 @@ class RedisLedger(Ledger):
 
     def keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}{{{tenant}}}:"
-        return [base + k for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb")]
+        return [base + k for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb",
+                                   "claims")]
 
     async def _call(self, script: Any, tenant: str, args: list[Any]) -> Any:
         try:
             return await script(keys=self.keys(tenant), args=args)
         except (RedisError, OSError) as exc:
-            raise LedgerError(f"redis ledger: {exc}") from exc
+            raise _error(exc) from exc
 
     async def _index(self, tenant: str) -> None:
         try:
             await self.client.sadd(f"{self.prefix}tenants", tenant)
         except (RedisError, OSError) as exc:
-            raise LedgerError(f"redis ledger: {exc}") from exc
+            raise _error(exc) from exc
 
     async def ping(self) -> None:
         try:
             await self.client.ping()
         except (RedisError, OSError) as exc:
-            raise LedgerError(f"redis ledger: {exc}") from exc
+            raise _error(exc) from exc
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -284,7 +365,7 @@ class RedisLedger(Ledger):
         tenant_limits: Mapping[str, int],
         namespace_limits: Mapping[str, int],
         reservation_id: str,
-        idempotent: bool = False,
+        claim: Claim | None = None,
     ) -> Reservation:
         now = self.clock()
         charge = {k: int(v) for k, v in charge.items() if v > 0}
@@ -292,17 +373,43 @@ class RedisLedger(Ledger):
         status, payload = await self._call(self._reserve, tenant, [
             repr(now), repr(now + self.ttl), reservation_id, namespace,
             _enc(charge), _enc(tenant_limits), _enc(namespace_limits),
-            "1" if idempotent else "0",
+            claim.key if claim else "", claim.fingerprint if claim else "",
         ])
         if status == "refused":
-            scope, res, n, used, inprog, hard = json.loads(payload)
-            raise QuotaExceeded(scope, tenant, namespace, res, int(n), int(used), int(inprog),
-                                int(hard))
-        if status == "reused":
-            r = json.loads(payload)
-            return Reservation(reservation_id, tenant, r["ns"], _charge(r["charge"]),
-                               reused=True, state=r["state"])
-        return Reservation(reservation_id, tenant, namespace, charge)
+            raise _refusal(tenant, namespace, payload)
+        if status == "conflict":
+            raise ClaimConflict(in_flight=payload == "inflight")
+        return Reservation(reservation_id, tenant, namespace, charge, now)
+
+    async def reserve_change(
+        self,
+        reservation: Reservation,
+        obj: ObjectRef,
+        new_charge: Mapping[str, int],
+        base_charge: Mapping[str, int],
+        tenant_limits: Mapping[str, int],
+        namespace_limits: Mapping[str, int],
+    ) -> Reservation:
+        r = reservation
+        new = {k: int(v) for k, v in new_charge.items() if v > 0}
+        status, payload = await self._call(self._reserve_change, r.tenant, [
+            repr(self.clock()), r.id, obj.key, _enc(new), _enc(base_charge),
+            _enc(tenant_limits), _enc(namespace_limits),
+        ])
+        if status == "refused":
+            raise _refusal(r.tenant, r.namespace, payload)
+        if status == "gone":
+            raise LedgerError("reservation expired")
+        return dataclasses.replace(r, charge=_charge(json.loads(payload)))
+
+    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
+                            new_charge: Mapping[str, int]) -> None:
+        r = reservation
+        new = {k: int(v) for k, v in new_charge.items() if v > 0}
+        await self._call(self._commit_change, r.tenant, [
+            repr(self.clock()), r.id, obj.key, obj.namespace, _enc(new), obj.resource,
+            repr(r.created),
+        ])
 
     async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
         r = reservation
@@ -341,7 +448,7 @@ class RedisLedger(Ledger):
         try:
             members = await self.client.smembers(f"{self.prefix}tenants")
         except (RedisError, OSError) as exc:
-            raise LedgerError(f"redis ledger: {exc}") from exc
+            raise _error(exc) from exc
         return sorted(str(m) for m in members)
 
     async def reconcile_set(
@@ -364,6 +471,17 @@ class RedisLedger(Ledger):
         return ReconcileResult(int(added), int(removed), int(changed),
                                _nest(before).get(TENANT_SCOPE, {}),
                                _nest(after).get(TENANT_SCOPE, {}))
+
+
+def _error(exc: BaseException) -> LedgerError:
+    reason = "ledger error" if isinstance(exc, ResponseError) else "ledger unreachable"
+    return LedgerError(reason, redact_text(f"redis ledger: {type(exc).__name__}: {exc}"))
+
+
+def _refusal(tenant: str, namespace: str, payload: str) -> QuotaExceeded:
+    scope, res, n, used, inprog, hard = json.loads(payload)
+    return QuotaExceeded(scope, tenant, namespace, res, int(n), int(used), int(inprog),
+                         int(hard))
 
 
 def _enc(mapping: Mapping[str, int]) -> str:

@@ -10,24 +10,38 @@ Between processes, writers also queue on an `flock` of `<db>.lock`: SQLite's own
 handler sleeps and retries (up to 100 ms at a time), which under contention from
 several processes starved some creates for seconds; the kernel hands an `flock` over
 as soon as it is released.
+
+Faults (DESIGN §7, §9): before every transaction the file at the path is checked. If
+it was deleted, the ledger fails closed (LedgerError "ledger file missing"; it does
+not recreate an empty file, which would silently forget every tenant's usage) until a
+file appears at the path again, which is then opened (an operator restored it). A
+file replaced by another one is reopened. A file that cannot be written (`os.access`
+sees the immutable flag and, for non-root users, the mode) is "ledger file is
+read-only". The short reason is what `/readyz` and 503 bodies show; the path and
+SQLite's own message go to the log only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sidecar.quota.ledger import (
     TENANT_SCOPE,
     TOMBSTONE_SECONDS,
+    Claim,
+    ClaimConflict,
     Clock,
     Ledger,
     LedgerError,
@@ -36,10 +50,12 @@ from sidecar.quota.ledger import (
     ReconcileResult,
     Reservation,
     Usage,
+    charge_delta,
 )
 from sidecar.quota.meters import Charge
 
 T = TypeVar("T")
+log = logging.getLogger("sidecar.quota.sqlite")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS used (
@@ -47,7 +63,8 @@ CREATE TABLE IF NOT EXISTS used (
   PRIMARY KEY (tenant, scope, resource));
 CREATE TABLE IF NOT EXISTS reservations (
   id TEXT NOT NULL, tenant TEXT NOT NULL, namespace TEXT NOT NULL, charge TEXT NOT NULL,
-  state TEXT NOT NULL, expires REAL NOT NULL, PRIMARY KEY (tenant, id));
+  state TEXT NOT NULL, expires REAL NOT NULL, claim TEXT NOT NULL DEFAULT '',
+  fp TEXT NOT NULL DEFAULT '', PRIMARY KEY (tenant, id));
 CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (tenant, expires);
 CREATE TABLE IF NOT EXISTS objects (
   tenant TEXT NOT NULL, namespace TEXT NOT NULL, resource TEXT NOT NULL, name TEXT NOT NULL,
@@ -59,6 +76,12 @@ CREATE TABLE IF NOT EXISTS limits (
   tenant TEXT NOT NULL, scope TEXT NOT NULL, resource TEXT NOT NULL, hard INTEGER NOT NULL,
   PRIMARY KEY (tenant, scope, resource));
 """
+# Files made before claims existed get the two columns (and then the index).
+_MIGRATIONS = (
+    "ALTER TABLE reservations ADD COLUMN claim TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE reservations ADD COLUMN fp TEXT NOT NULL DEFAULT ''",
+)
+_CLAIM_INDEX = "CREATE INDEX IF NOT EXISTS reservations_claim ON reservations (tenant, claim)"
 
 
 class SqliteLedger(Ledger):
@@ -70,27 +93,77 @@ class SqliteLedger(Ledger):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        # (st_dev, st_ino) of the file this process opened; None until the first open.
+        self._file_id: tuple[int, int] | None = None
 
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            if self._conn is None:
+                self._conn = self._open(create=True)
+            return self._conn
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            if self._file_id is not None:
+                self._drop()  # never write on into an unlinked inode
+                raise LedgerError("ledger file missing",
+                                  f"sqlite ledger {self.path}: the file was deleted") from None
+            st = None  # the first open creates it
+        except OSError as exc:
+            raise LedgerError("ledger file not accessible",
+                              f"sqlite ledger {self.path}: {exc}") from None
+        if st is not None:
+            if self._file_id is not None and (st.st_dev, st.st_ino) != self._file_id:
+                log.warning("sqlite ledger %s was replaced by another file; reopening", self.path)
+                self._drop()
+            if not os.access(self.path, os.W_OK):
+                raise LedgerError("ledger file is read-only",
+                                  f"sqlite ledger {self.path}: the file is not writable")
         if self._conn is None:
-            if self.path != ":memory:":
+            self._conn = self._open(create=self._file_id is None)
+            st = os.stat(self.path)
+            self._file_id = (st.st_dev, st.st_ino)
+        return self._conn
+
+    def _open(self, create: bool) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        else:
+            if create:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
+            # mode=rw after the first open: a deleted ledger is never silently recreated.
+            uri = f"file:{quote(os.path.abspath(self.path))}?mode={'rwc' if create else 'rw'}"
+            conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_ms / 1000,
                                    isolation_level=None, check_same_thread=False)
+        try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            try:
-                conn.executescript(_SCHEMA)
-            except BaseException:
-                conn.close()
-                raise
-            if self.path != ":memory:":
-                self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-            self._conn = conn
-        return self._conn
+            conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(reservations)")}
+            for statement, column in zip(_MIGRATIONS, ("claim", "fp"), strict=True):
+                if column not in columns:
+                    with contextlib.suppress(sqlite3.OperationalError):  # another process won
+                        conn.execute(statement)
+            conn.execute(_CLAIM_INDEX)
+        except BaseException:
+            conn.close()
+            raise
+        if self.path != ":memory:":
+            self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        return conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
 
     @contextlib.contextmanager
     def _write_lock(self) -> Iterator[None]:
@@ -112,7 +185,8 @@ class SqliteLedger(Ledger):
                 try:
                     result = fn(conn)
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
                 return result
@@ -120,24 +194,14 @@ class SqliteLedger(Ledger):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, tx)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
-        except OSError as exc:
-            raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(_reason(exc), f"sqlite ledger {self.path}: {exc}") from exc
 
     async def ping(self) -> None:
         await self._run(lambda c: c.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
         self._executor.shutdown(wait=False)
 
     # -- helpers (run inside a transaction) ------------------------------------------
@@ -187,6 +251,27 @@ class SqliteLedger(Ledger):
 
     # -- operations ---------------------------------------------------------------------
 
+    def _check(self, c: sqlite3.Connection, tenant: str, namespace: str,
+               charge: Mapping[str, int], tenant_limits: Mapping[str, int],
+               namespace_limits: Mapping[str, int]) -> QuotaExceeded | None:
+        api = self._api_limits(c, tenant)
+        used = self._used(c, tenant)
+        inprog = self._in_progress(c, tenant)
+        checks = [("tenant", TENANT_SCOPE, {**tenant_limits, **api.get(TENANT_SCOPE, {})})]
+        if namespace:
+            checks.append(("namespace", namespace, {**namespace_limits,
+                                                    **api.get(namespace, {})}))
+        for kind, scope, limits in checks:
+            for res, n in charge.items():
+                hard = limits.get(res)
+                if hard is None:
+                    continue
+                u = used.get(scope, {}).get(res, 0)
+                p = inprog.get(scope, {}).get(res, 0)
+                if u + p + n > hard:
+                    return QuotaExceeded(kind, tenant, namespace, res, n, u, p, hard)
+        return None
+
     async def reserve(
         self,
         tenant: str,
@@ -195,49 +280,108 @@ class SqliteLedger(Ledger):
         tenant_limits: Mapping[str, int],
         namespace_limits: Mapping[str, int],
         reservation_id: str,
-        idempotent: bool = False,
+        claim: Claim | None = None,
     ) -> Reservation:
         now = self.clock()
         expires = now + self.ttl
         charge = {k: int(v) for k, v in charge.items() if v > 0}
 
-        def fn(c: sqlite3.Connection) -> Reservation | QuotaExceeded:
+        def fn(c: sqlite3.Connection) -> Reservation | Exception:
             self._purge(c, tenant, now)
-            if idempotent:
+            previous = None
+            if claim is not None:
                 row = c.execute(
-                    "SELECT namespace, charge, state FROM reservations WHERE tenant=? AND id=?",
-                    (tenant, reservation_id),
+                    "SELECT id, fp, state FROM reservations WHERE tenant=? AND claim=?",
+                    (tenant, claim.key),
                 ).fetchone()
                 if row is not None:
-                    return Reservation(reservation_id, tenant, row[0], json.loads(row[1]),
-                                       reused=True, state=row[2])
-            api = self._api_limits(c, tenant)
-            used = self._used(c, tenant)
-            inprog = self._in_progress(c, tenant)
-            checks = [("tenant", TENANT_SCOPE, {**tenant_limits, **api.get(TENANT_SCOPE, {})})]
-            if namespace:
-                checks.append(("namespace", namespace, {**namespace_limits,
-                                                        **api.get(namespace, {})}))
-            for kind, scope, limits in checks:
-                for res, n in charge.items():
-                    hard = limits.get(res)
-                    if hard is None:
-                        continue
-                    u = used.get(scope, {}).get(res, 0)
-                    p = inprog.get(scope, {}).get(res, 0)
-                    if u + p + n > hard:
-                        return QuotaExceeded(kind, tenant, namespace, res, n, u, p, hard)
+                    if row[1] != claim.fingerprint:
+                        return ClaimConflict(in_flight=False)
+                    if row[2] == "pending":
+                        return ClaimConflict(in_flight=True)
+                    previous = row[0]
+            refusal = self._check(c, tenant, namespace, charge, tenant_limits, namespace_limits)
+            if refusal is not None:
+                return refusal
+            if previous is not None:
+                c.execute("DELETE FROM reservations WHERE tenant=? AND id=?", (tenant, previous))
             c.execute(
-                "INSERT INTO reservations (id, tenant, namespace, charge, state, expires) "
-                "VALUES (?,?,?,?,'pending',?)",
-                (reservation_id, tenant, namespace, json.dumps(charge), expires),
+                "INSERT INTO reservations (id, tenant, namespace, charge, state, expires, claim, "
+                "fp) VALUES (?,?,?,?,'pending',?,?,?)",
+                (reservation_id, tenant, namespace, json.dumps(charge), expires,
+                 claim.key if claim else "", claim.fingerprint if claim else ""),
             )
-            return Reservation(reservation_id, tenant, namespace, dict(charge))
+            return Reservation(reservation_id, tenant, namespace, dict(charge), now)
 
         result = await self._run(fn)
-        if isinstance(result, QuotaExceeded):
+        if isinstance(result, Exception):
             raise result
         return result
+
+    async def reserve_change(
+        self,
+        reservation: Reservation,
+        obj: ObjectRef,
+        new_charge: Mapping[str, int],
+        base_charge: Mapping[str, int],
+        tenant_limits: Mapping[str, int],
+        namespace_limits: Mapping[str, int],
+    ) -> Reservation:
+        now = self.clock()
+        r = reservation
+
+        def fn(c: sqlite3.Connection) -> Reservation | Exception:
+            self._purge(c, r.tenant, now)
+            row = c.execute("SELECT state FROM reservations WHERE tenant=? AND id=?",
+                            (r.tenant, r.id)).fetchone()
+            if row is None or row[0] != "pending":
+                return LedgerError("reservation expired")
+            c.execute("UPDATE reservations SET charge='{}' WHERE tenant=? AND id=?",
+                      (r.tenant, r.id))
+            recorded = c.execute(
+                "SELECT charge FROM objects WHERE tenant=? AND namespace=? AND resource=? "
+                "AND name=?", (obj.tenant, obj.namespace, obj.resource, obj.name)).fetchone()
+            base = json.loads(recorded[0]) if recorded else dict(base_charge)
+            increase = {k: d for k, d in charge_delta(new_charge, base).items() if d > 0}
+            refusal = self._check(c, r.tenant, r.namespace, increase, tenant_limits,
+                                  namespace_limits)
+            if refusal is not None:
+                return refusal
+            c.execute("UPDATE reservations SET charge=? WHERE tenant=? AND id=?",
+                      (json.dumps(increase), r.tenant, r.id))
+            return dataclasses.replace(r, charge=increase)
+
+        result = await self._run(fn)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
+                            new_charge: Mapping[str, int]) -> None:
+        now = self.clock()
+        r = reservation
+        new = {k: int(v) for k, v in new_charge.items() if v > 0}
+        key = (obj.tenant, obj.namespace, obj.resource, obj.name)
+
+        def fn(c: sqlite3.Connection) -> None:
+            self._purge(c, r.tenant, now)
+            c.execute("DELETE FROM reservations WHERE tenant=? AND id=?", (r.tenant, r.id))
+            tomb = c.execute("SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
+                             "AND resource=? AND name=?", key).fetchone()
+            if tomb is not None and tomb[0] >= r.created:
+                return  # deleted while the update ran: its charge was returned already
+            recorded = c.execute("SELECT charge FROM objects WHERE tenant=? AND namespace=? "
+                                 "AND resource=? AND name=?", key).fetchone()
+            if recorded is None:
+                c.execute("INSERT INTO objects VALUES (?,?,?,?,?,?)", (*key, json.dumps(new), now))
+                delta = new
+            else:
+                c.execute("UPDATE objects SET charge=? WHERE tenant=? AND namespace=? "
+                          "AND resource=? AND name=?", (json.dumps(new), *key))
+                delta = charge_delta(new, json.loads(recorded[0]))
+            self._apply_used(c, obj.tenant, obj.namespace, delta, 1)
+
+        await self._run(fn)
 
     async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
         now = self.clock()
@@ -407,6 +551,18 @@ class SqliteLedger(Ledger):
             return ReconcileResult(added, removed, changed, before, after)
 
         return await self._run(fn)
+
+
+def _reason(exc: BaseException) -> str:
+    """A short public reason for a SQLite/OS failure (no path, no SQLite message)."""
+    text = str(exc).lower()
+    if "readonly" in text or "read-only" in text or isinstance(exc, PermissionError):
+        return "ledger file is read-only"
+    if "locked" in text or "busy" in text:
+        return "ledger busy"
+    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
+        return "ledger file is corrupt"
+    return "ledger error"
 
 
 def _add(out: dict[str, dict[str, int]], scope: str, res: str, n: Any) -> None:

@@ -1,14 +1,27 @@
-"""The quota stage: reserve before a quota-tracked create, commit or release after it.
+"""The quota stage: reserve before a quota-tracked create or update, commit or release
+after it.
 
-A create of a tracked resource (meters.TRACKED) reads its body, computes its charge
-(400 on unparsable cpu/memory, nothing reserved), reserves it atomically in the
+Creates: a create of a tracked resource (meters.TRACKED) reads its body, computes its
+charge (400 on unparsable cpu/memory, nothing reserved), reserves it atomically in the
 tenant and namespace scopes, forwards, then commits on a 2xx answer (recording the
 object's charge under its name, taken from the response) or releases on anything
-else: another status, an exception, a timeout, a client disconnect. A successful
-DELETE returns the object's recorded charge; a deleted namespace or tenant returns
-all of its objects' charges, and a deletecollection triggers a reconcile of the tenant.
-Over quota → 403 QuotaExceeded (in dry-run: counted, logged, forwarded). A ledger
-that cannot be reached → 503 on tracked creates only.
+else: another status, an exception, a 502/504, a client disconnect (cancellation).
+An `Idempotency-Key` is a claim on the reservation (ledger.Claim): the same key with
+another path or body → 422, a retry while the first is in flight → 409, and a key
+never skips the quota check.
+
+Updates and patches of a tracked object: the stage claims the object in the ledger
+(one update of it in flight at a time, else 409), reads it fresh from the store,
+applies the PUT body or the patch to it (patch.py), computes the new charge with the
+same `charge_for` as creates, reserves the increase over the recorded charge (403
+QuotaExceeded when there is no room), forwards, and on a 2xx records the new charge
+(a decrease is returned); anything else releases.
+
+A successful DELETE returns the object's recorded charge; a deleted namespace or
+tenant returns all of its objects' charges, and a deletecollection triggers a
+reconcile of the tenant. Over quota → 403 QuotaExceeded (in dry-run: counted, logged,
+forwarded). A ledger that cannot be reached → 503 on tracked creates and on updates
+that raise a charge; its detail goes to the log, never into the body.
 """
 
 from __future__ import annotations
@@ -17,24 +30,38 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from sidecar.context import RequestContext
-from sidecar.errors import StatusError, bad_request
+from sidecar.errors import StatusError, bad_request, not_found
 from sidecar.pipeline import Handler, Stage
 from sidecar.policy.modes import DRY_RUN, mode_for
 from sidecar.quota.ledger import (
+    Claim,
+    ClaimConflict,
     Ledger,
     LedgerError,
     ObjectRef,
     QuotaExceeded,
     Reservation,
+    charge_delta,
+    idempotency_claim,
+    new_reservation_id,
+    object_claim,
     open_ledger,
-    reservation_id,
 )
-from sidecar.quota.meters import QuantityError, Tracked, charge_for, format_units, tracked_for
+from sidecar.quota.meters import (
+    Charge,
+    QuantityError,
+    Tracked,
+    charge_for,
+    format_units,
+    tracked_for,
+)
+from sidecar.quota.patch import MERGE, patch_kind, updated_object
 from sidecar.runtime import Runtime
 from sidecar.target import RequestTarget, Scope
 
@@ -56,7 +83,8 @@ def ledger_for(rt: Runtime) -> Ledger:
         try:
             await ledger.ping()
         except LedgerError as exc:
-            return False, str(exc)
+            log.debug("quota ledger not ready: %s", exc.detail)  # requests log it too
+            return False, f"ledger unavailable: {exc.reason}"
         return True, "ledger reachable"
 
     async def close() -> None:
@@ -65,6 +93,13 @@ def ledger_for(rt: Runtime) -> Ledger:
     rt.ready_checks["ledger"] = ready
     rt.on_cleanup.append(close)
     return ledger
+
+
+def ledger_unavailable(exc: LedgerError, op: str, refused: str) -> StatusError:
+    """The 503 for a ledger failure: the detail (paths, URLs, driver text) is logged,
+    the body says only what is refused."""
+    log.warning("quota ledger failed on %s: %s", op, exc.detail)
+    return StatusError(503, f"the quota ledger is unavailable; {refused} until it is back")
 
 
 def quota_message(e: QuotaExceeded) -> str:
@@ -142,6 +177,10 @@ class QuotaStage:
             tracked = _tracked_create(target)
             if tracked is not None:
                 return await self._create(ctx, call_next, target, tracked)
+        elif target.verb in ("update", "patch"):
+            tracked = _tracked_item(target)
+            if tracked is not None and target.name and target.tenant:
+                return await self._update(ctx, call_next, target, tracked)
         elif target.verb in ("delete", "deletecollection"):
             response = await call_next(ctx)
             if 200 <= response.status < 300:
@@ -155,73 +194,78 @@ class QuotaStage:
         self, ctx: RequestContext, call_next: Handler, target: RequestTarget, tracked: Tracked
     ) -> web.StreamResponse:
         assert ctx.identity is not None and target.tenant is not None
-        identity = ctx.identity
         tenant = target.tenant
         namespace = target.namespace or ""
-        raw = await ctx.read_body()
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            raise bad_request("the request body is not valid JSON") from None
+        body = await ctx.read_json()
+        if body is None:
+            body = {}
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
-        try:
-            charge = charge_for(tracked.resource, body)
-        except QuantityError as exc:
-            raise bad_request(f"invalid resource requests: {exc}") from None
-        bundle = ctx.policy
-        quotas = bundle.quotas
+        charge = _charge(tracked, body)
+        claim = _idempotency(ctx)
+        quotas = ctx.policy.quotas
         tenant_limits, _ = quotas.tenant_limits(tenant)
         ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
-        rid, idem = reservation_id(tenant, identity.user,
-                                   ctx.request.headers.get("Idempotency-Key"))
-        mode = mode_for(self.rt.config.mode, bundle.tenant_modes, identity.tenant)
-        label = self.metrics.tenant(tenant)
+        rid = new_reservation_id()
         try:
-            reservation = await self.ledger.reserve(
-                tenant, namespace, charge, tenant_limits, ns_limits, rid, idem
-            )
+            reservation = await self._guarded(lambda: self.ledger.reserve(
+                tenant, namespace, charge, tenant_limits, ns_limits, rid, claim))
         except QuotaExceeded as exc:
-            self.metrics.quota_refusals.labels(label, exc.resource).inc()
-            self._dirty.add(tenant)
-            if mode != DRY_RUN:
-                ctx.audit["quota"] = "refused"
-                raise quota_error(exc) from None
-            ctx.audit["quota"] = "would_refuse: " + quota_message(exc)
-            # Forward anyway; a 2xx still charges `used` (commit needs no reservation).
+            self._refused(ctx, exc)
+            # Dry-run: forward anyway; a 2xx still charges `used` (commit needs no
+            # reservation).
             reservation = Reservation(rid, tenant, namespace, charge)
+        except ClaimConflict as exc:
+            if exc.in_flight:
+                raise StatusError(409, "a request with this Idempotency-Key is still in "
+                                  "progress; retry after it has completed") from None
+            raise StatusError(422, "this Idempotency-Key was already used for a different "
+                              "request (another path or body)") from None
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("reserve").inc()
-            log.warning("quota ledger unreachable on reserve: %s", exc)
-            raise StatusError(503, "the quota ledger is unreachable; creates of "
-                              f"{tracked.resource} are refused until it is back") from None
+            raise ledger_unavailable(exc, "reserve",
+                                     f"creates of {tracked.resource} are refused") from None
         else:
-            ctx.audit.setdefault("quota", "reused" if reservation.reused else "reserved")
+            ctx.audit.setdefault("quota", "reserved")
         self._dirty.add(tenant)
 
-        captured: dict[str, bytes] = {}
-        previous = ctx.response_filter
-
-        def capture(status: int, data: bytes) -> bytes:
-            if previous is not None:
-                data = previous(status, data)
-            captured["body"] = data
-            return data
-
-        ctx.response_filter = capture
+        captured = _capture(ctx)
         done = False
         try:
             response = await call_next(ctx)
             if 200 <= response.status < 300:
                 name = _created_name(captured.get("body"), body) or f"unnamed-{reservation.id}"
                 done = True
-                await self._commit(reservation, name, tracked.resource)
+                await asyncio.shield(self._commit(reservation, name, tracked.resource))
             return response
         finally:
             if not done:
-                # Shielded: a client disconnect cancels this task, the release must run.
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(self._release(reservation))
+                await self._release_shielded(reservation)
+
+    async def _guarded(self, reserve: Callable[[], Awaitable[Reservation]]) -> Reservation:
+        """Run a reserve so that a cancellation (client gone) mid-call never leaks it:
+        the call finishes in the background and what it reserved is released."""
+        task = asyncio.ensure_future(reserve())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            def release_late(t: asyncio.Future[Reservation]) -> None:
+                if not t.cancelled() and t.exception() is None:
+                    self._spawn(self._release(t.result()))
+
+            task.add_done_callback(release_late)
+            raise
+
+    def _refused(self, ctx: RequestContext, exc: QuotaExceeded) -> None:
+        """Count a refusal; raise the 403 unless the caller's tenant is in dry-run."""
+        assert ctx.identity is not None
+        self.metrics.quota_refusals.labels(self.metrics.tenant(exc.tenant), exc.resource).inc()
+        self._dirty.add(exc.tenant)
+        mode = mode_for(self.rt.config.mode, ctx.policy.tenant_modes, ctx.identity.tenant)
+        if mode != DRY_RUN:
+            ctx.audit["quota"] = "refused"
+            raise quota_error(exc) from None
+        ctx.audit["quota"] = "would_refuse: " + quota_message(exc)
 
     async def _commit(self, reservation: Reservation, name: str, resource: str) -> None:
         try:
@@ -229,14 +273,111 @@ class QuotaStage:
         except LedgerError as exc:
             # The object exists; its reservation expires and reconcile recounts it.
             self.metrics.ledger_errors.labels("commit").inc()
-            log.warning("quota commit of %s/%s failed: %s", resource, name, exc)
+            log.warning("quota commit of %s/%s failed: %s", resource, name, exc.detail)
 
     async def _release(self, reservation: Reservation) -> None:
         try:
             await self.ledger.release(reservation)
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("release").inc()
-            log.warning("quota release failed (expires after the TTL): %s", exc)
+            log.warning("quota release failed (expires after the TTL): %s", exc.detail)
+
+    async def _release_shielded(self, reservation: Reservation) -> None:
+        # Shielded: a client disconnect cancels this task, the release must still run.
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(self._release(reservation))
+
+    # -- updates and patches ----------------------------------------------------------
+
+    async def _update(
+        self, ctx: RequestContext, call_next: Handler, target: RequestTarget, tracked: Tracked
+    ) -> web.StreamResponse:
+        assert ctx.identity is not None and target.tenant is not None
+        method = ctx.request.method
+        request = ctx.request
+        ctype = request.content_type if "Content-Type" in request.headers else None
+        kind = patch_kind(ctype) if method == "PATCH" else MERGE
+        body = await ctx.read_json()
+        tenant, namespace = target.tenant, target.namespace or ""
+        obj = ObjectRef(tenant, namespace, tracked.resource, target.name)
+        # Claim the object first, then read it: no other update of it can land between
+        # the read and this update's commit.
+        lock: Reservation | None = None
+        ledger_down: LedgerError | None = None
+        try:
+            lock = await self._guarded(lambda: self.ledger.reserve(
+                tenant, namespace, {}, {}, {}, new_reservation_id(), object_claim(obj)))
+        except ClaimConflict:
+            raise StatusError(409, f'another update of {tracked.resource} "{target.name}" is '
+                              "in progress; retry") from None
+        except LedgerError as exc:
+            self.metrics.ledger_errors.labels("reserve").inc()
+            ledger_down = exc
+        done = False
+        try:
+            current = await self._fresh(ctx, target, tracked)
+            new_charge = _charge(tracked, updated_object(method, kind, current, body))
+            try:
+                base = charge_for(tracked.resource, current)
+            except QuantityError:
+                base = {tracked.resource: 1}
+            raises = any(d > 0 for d in charge_delta(new_charge, base).values())
+            if lock is None:
+                assert ledger_down is not None
+                if raises:
+                    raise ledger_unavailable(ledger_down, "reserve", "updates that raise the "
+                                             f"charge of {tracked.resource} are refused")
+                log.warning("quota ledger failed on update: %s", ledger_down.detail)
+                ctx.audit["quota"] = "unrecorded"
+                return await call_next(ctx)
+            quotas = ctx.policy.quotas
+            tenant_limits, _ = quotas.tenant_limits(tenant)
+            ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
+            try:
+                lock = await self.ledger.reserve_change(lock, obj, new_charge, base,
+                                                        tenant_limits, ns_limits)
+            except QuotaExceeded as exc:
+                self._refused(ctx, exc)
+            except LedgerError as exc:
+                self.metrics.ledger_errors.labels("reserve").inc()
+                raise ledger_unavailable(exc, "reserve", f"updates of {tracked.resource} "
+                                         "are refused") from None
+            else:
+                ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
+            self._dirty.add(tenant)
+            captured = _capture(ctx)
+            response = await call_next(ctx)
+            if 200 <= response.status < 300:
+                done = True
+                final = _response_charge(tracked, captured.get("body")) or new_charge
+                await asyncio.shield(self._commit_change(lock, obj, final))
+            return response
+        finally:
+            if lock is not None and not done:
+                await self._release_shielded(lock)
+
+    async def _fresh(self, ctx: RequestContext, target: RequestTarget,
+                     tracked: Tracked) -> dict[str, Any]:
+        """The object as the store has it now (never a cached copy)."""
+        status, current = await self.rt.upstream.get_json(
+            ctx.request.rel_url.raw_path, ctx.identity, request_id=ctx.request_id)
+        if status == 404:
+            raise not_found(tracked.resource, target.name)
+        if status != 200 or not isinstance(current, dict):
+            code = status if 400 <= status < 500 else 502
+            raise StatusError(code, f"reading {tracked.resource} \"{target.name}\" before the "
+                              f"update failed: the backing store answered {status}")
+        return current
+
+    async def _commit_change(self, reservation: Reservation, obj: ObjectRef,
+                             charge: Charge) -> None:
+        try:
+            await self.ledger.commit_change(reservation, obj, charge)
+        except LedgerError as exc:
+            # The object changed; the claim expires and reconcile recounts the object.
+            self.metrics.ledger_errors.labels("commit").inc()
+            log.warning("quota commit of the update of %s/%s failed: %s", obj.resource,
+                        obj.name, exc.detail)
 
     # -- deletes ------------------------------------------------------------------------
 
@@ -260,7 +401,8 @@ class QuotaStage:
                 self._spawn(reconcile_tenant(self.rt, self.ledger, target.tenant, log_errors=True))
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("delete").inc()
-            log.warning("quota delete bookkeeping failed (reconcile corrects it): %s", exc)
+            log.warning("quota delete bookkeeping failed (reconcile corrects it): %s",
+                        exc.detail)
 
     # -- gauges -------------------------------------------------------------------------
 
@@ -290,6 +432,55 @@ async def update_gauges(rt: Runtime, ledger: Ledger, tenant: str) -> None:
         m.quota_in_progress.labels(label, res).set(usage.get_in_progress("", res))
     for res, n in hard.items():
         m.quota_hard.labels(label, res).set(n)
+
+
+def _charge(tracked: Tracked, obj: dict[str, Any]) -> Charge:
+    try:
+        return charge_for(tracked.resource, obj)
+    except QuantityError as exc:
+        raise bad_request(f"invalid resource requests: {exc}") from None
+
+
+def _response_charge(tracked: Tracked, raw: bytes | None) -> Charge | None:
+    """The charge of the object the store answered with (None when it cannot tell)."""
+    try:
+        obj = json.loads(raw) if raw else None
+        return charge_for(tracked.resource, obj) if isinstance(obj, dict) else None
+    except (ValueError, QuantityError):
+        return None
+
+
+def _capture(ctx: RequestContext) -> dict[str, bytes]:
+    """Have the proxy read the whole answer and keep a copy of it here."""
+    captured: dict[str, bytes] = {}
+    previous = ctx.response_filter
+
+    def capture(status: int, data: bytes) -> bytes:
+        if previous is not None:
+            data = previous(status, data)
+        captured["body"] = data
+        return data
+
+    ctx.response_filter = capture
+    return captured
+
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def _idempotency(ctx: RequestContext) -> Claim | None:
+    """The create's `Idempotency-Key` claim, scoped to the caller's tenant."""
+    assert ctx.identity is not None
+    keys = ctx.request.headers.getall("Idempotency-Key", [])
+    if not keys:
+        return None
+    key = keys[0].strip()
+    if len(keys) > 1 or not key or len(key) > MAX_IDEMPOTENCY_KEY:
+        raise bad_request(f"Idempotency-Key must be one header of 1 to {MAX_IDEMPOTENCY_KEY} "
+                          "characters")
+    request = ctx.request
+    return idempotency_claim(ctx.identity.tenant, key, request.method, request.raw_path,
+                             ctx.body or b"")
 
 
 def _tracked_create(target: RequestTarget) -> Tracked | None:

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from sidecar.metrics import Metrics
 from sidecar.ratelimit.local import Verdict
 from sidecar.ratelimit.spec import Rate
+from sidecar.redact import redact_text, redact_url
 
 log = logging.getLogger("sidecar.ratelimit")
 
@@ -121,7 +122,7 @@ class GlobalTier:
             self._fail_open(exc)
             return None
         if self.last_error:
-            log.warning("global rate-limit tier %s reachable again", self.url)
+            log.warning("global rate-limit tier %s reachable again", redact_url(self.url))
             self.last_error = ""
         allowed, retry_us, remaining, reset_us, limit = (int(x) for x in result)
         window = max((s.burst / s.rate for _, s in buckets), default=0.0)
@@ -139,14 +140,14 @@ class GlobalTier:
         self.metrics.ratelimit_fail_open.inc()
         self.fail_open_count += 1
         if exc is not None:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = redact_text(f"{type(exc).__name__}: {exc}")
         now = time.monotonic()
         if now - self.last_logged >= self.log_interval:
             self.last_logged = now
             log.warning(
                 "global rate-limit tier %s unreachable (%s); failing open to the local tier "
                 "(%d request(s) so far; logged at most every %gs)",
-                self.url,
+                redact_url(self.url),
                 self.last_error or "retrying later",
                 self.fail_open_count,
                 self.log_interval,

@@ -8,7 +8,12 @@ without its own document) and gives it:
   bucket instead of the tenant bucket;
 - `users` (`{rate, burst}`), optional: every user of the tenant also has a bucket of
   its own, on top of the tenant's;
-- `maxInFlight`, optional: at most this many requests of the tenant at once.
+- `maxInFlight`, optional: at most this many requests of the tenant at once (watches
+  aside: they are long-lived by design and counted by `maxWatches` instead);
+- `maxWatches`, optional: at most this many open watches of the tenant at once. It has
+  a default, `DEFAULT_MAX_WATCHES`, that applies to every tenant, even with no
+  `RateLimit` document at all: a watch holds an upstream connection for as long as it
+  lasts, so no tenant may hold them without bound.
 
 A tenant's own document replaces the default as a whole. With no `RateLimit` document
 at all, tenants are not rate-limited (`RateLimitPolicy.configured` is False).
@@ -29,9 +34,12 @@ DEFAULT_SELECTOR = "*"
 
 _TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "spec"})
 _META_KEYS = frozenset({"name", "labels", "annotations"})
-_SPEC_KEYS = frozenset({"tenant", "rate", "burst", "maxInFlight", "reads", "writes", "users"})
+_SPEC_KEYS = frozenset(
+    {"tenant", "rate", "burst", "maxInFlight", "maxWatches", "reads", "writes", "users"}
+)
 _RATE_KEYS = frozenset({"rate", "burst"})
 READ_VERBS = frozenset({"get", "list", "watch", "head", "options"})
+DEFAULT_MAX_WATCHES = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,7 @@ class TenantLimits:
     writes: Rate | None = None
     users: Rate | None = None
     max_in_flight: int | None = None
+    max_watches: int = DEFAULT_MAX_WATCHES
     source: str = ""
 
     def bucket_for(self, verb: str) -> tuple[str, Rate] | None:
@@ -79,7 +88,8 @@ class TenantLimits:
             parts.append(f"per user {self.users}")
         if self.max_in_flight is not None:
             parts.append(f"maxInFlight {self.max_in_flight}")
-        return ", ".join(parts) or "unlimited"
+        parts.append(f"maxWatches {self.max_watches}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -95,10 +105,18 @@ class RateLimitPolicy:
         own = self.tenants.get(tenant)
         return own if own is not None else self.default
 
+    def max_watches(self, tenant: str) -> int:
+        """Open watches the tenant may hold; `DEFAULT_MAX_WATCHES` when not limited."""
+        limits = self.for_tenant(tenant)
+        return limits.max_watches if limits is not None else DEFAULT_MAX_WATCHES
+
     def describe(self) -> str:
         """One line for `/readyz` details and logs."""
         if not self.configured:
-            return "no RateLimit documents: tenants are not rate-limited"
+            return (
+                "no RateLimit documents: tenants are not rate-limited "
+                f"(maxWatches {DEFAULT_MAX_WATCHES} each)"
+            )
         default = (
             self.default.describe() if self.default else "none (unlisted tenants are unlimited)"
         )
@@ -203,6 +221,16 @@ def _parse_doc(doc: Document, problems: list[Problem]) -> tuple[str, TenantLimit
             )
         )
         max_in_flight = None
+    max_watches = spec.get("maxWatches", DEFAULT_MAX_WATCHES)
+    if isinstance(max_watches, bool) or not isinstance(max_watches, int) or max_watches < 1:
+        problems.append(
+            doc.problem(
+                f"spec.maxWatches must be a whole number ≥ 1, not {max_watches!r}",
+                spec,
+                "maxWatches",
+            )
+        )
+        max_watches = DEFAULT_MAX_WATCHES
     if len(problems) > start or selector is None:
         return None
     limits = TenantLimits(
@@ -211,6 +239,7 @@ def _parse_doc(doc: Document, problems: list[Problem]) -> tuple[str, TenantLimit
         writes=classes["writes"],
         users=classes["users"],
         max_in_flight=max_in_flight,
+        max_watches=max_watches,
         source=f"{doc.file}:{doc.line}",
     )
     return selector, limits

@@ -1,12 +1,16 @@
-"""The rate-limit stages: per-tenant limits after authorization, and the per-address
-limit for unauthenticated requests before identity (DESIGN §6).
+"""The rate-limit stages: per-tenant limits right after authentication, and the
+per-address limit for unauthenticated requests before identity (DESIGN §1, §6).
 
-`make_stage(rt)` keys every bucket by the CALLER's tenant (from `ctx.identity`), never
-the tenant named in the URL, so a request naming another tenant cannot drain that
-tenant's bucket. Order inside the stage: in-flight slot, local buckets, global tier
-(if configured), then the rest of the chain; a refusal reads no body and makes no
-upstream call. In dry-run mode (global or per tenant) would-be refusals are counted
-as `would_limit` and the request goes on.
+`make_stage(rt)` runs before isolation, authorization, owner lookups, body reads and
+access reviews, so every request of an authenticated caller (allowed, concealed or
+refused later) spends from its own tenant's budget, and an over-limit caller costs no
+upstream call. It keys every bucket by the CALLER's tenant (from `ctx.identity`),
+never the tenant named in the URL, so a request naming another tenant cannot drain
+that tenant's bucket. Order inside the stage: a slot (`maxInFlight` for ordinary
+requests, `maxWatches` for watches), local buckets, global tier (if configured), then
+the rest of the chain; a refusal reads no body and makes no upstream call. In dry-run
+mode (global or per tenant) would-be refusals are counted as `would_limit` and the
+request goes on.
 
 `make_anonymous_stage(rt)` runs before identity. A request with no credentials at
 all is charged to its client address's bucket before any authentication work. A
@@ -19,7 +23,6 @@ answered 429 instead of 401.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
@@ -33,10 +36,13 @@ from sidecar.ratelimit.gcra_redis import DEFAULT_PREFIX, GlobalTier
 from sidecar.ratelimit.inflight import InFlight
 from sidecar.ratelimit.local import Clock, LocalLimiter, Verdict, tightest
 from sidecar.ratelimit.spec import Rate, TenantLimits
+from sidecar.redact import redact_url as redact
 from sidecar.runtime import Runtime
 
 EXTRAS_KEY = "ratelimit"
-LOCAL, GLOBAL, INFLIGHT, ANONYMOUS = "local", "global", "inflight", "anonymous"
+LOCAL, GLOBAL, INFLIGHT, WATCHES, ANONYMOUS = (
+    "local", "global", "inflight", "watches", "anonymous"
+)
 ALLOWED, LIMITED, WOULD_LIMIT = "allowed", "limited", "would_limit"
 
 
@@ -60,6 +66,7 @@ class RateLimiter:
         anon = rl.anonymous
         self.anonymous_rate = Rate(anon.rate, max(1, anon.burst)) if anon.rate > 0 else None
         self.inflight = InFlight()
+        self.watches = InFlight()
         self.global_tier = global_tier
         if global_tier is None and rl.global_:
             self.global_tier = GlobalTier(
@@ -98,6 +105,12 @@ def bucket_specs(limits: TenantLimits, user: str, verb: str) -> list[tuple[str, 
     return out
 
 
+def slot_verdict(cap: int) -> Verdict:
+    """The headers of a slot refusal for a tenant without a bucket: no slot left."""
+    return Verdict(allowed=False, limit=cap, remaining=0, reset=1, retry_after=1,
+                   tier="local")
+
+
 def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusError:
     headers = verdict.headers() if verdict is not None else {}
     headers["Retry-After"] = str(max(1, retry_after))
@@ -107,7 +120,8 @@ def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusE
 
 
 class TenantRateLimitStage:
-    """Per-tenant (and per-user) buckets plus the in-flight limit, after authorization."""
+    """Per-tenant (and per-user) buckets, the in-flight limit and the watch limit,
+    right after authentication."""
 
     name = "ratelimit"
 
@@ -119,30 +133,36 @@ class TenantRateLimitStage:
         if identity is None:
             return await call_next(ctx)
         tenant = identity.tenant
-        limits = ctx.policy.rate_limits.for_tenant(tenant)
-        if limits is None:
+        verb = ctx.target.verb if ctx.target is not None else ctx.request.method.lower()
+        rate_limits = ctx.policy.rate_limits
+        limits = rate_limits.for_tenant(tenant)
+        watching = verb == "watch"
+        if limits is None and not watching:
             return await call_next(ctx)
         lim = self.limiter
         dry = lim.dry_run(ctx, tenant)
-        verb = ctx.target.verb if ctx.target is not None else ctx.request.method.lower()
-        specs = bucket_specs(limits, identity.user, verb)
+        specs = bucket_specs(limits, identity.user, verb) if limits is not None else []
         keys = [((tenant, suffix), spec) for suffix, spec in specs]
 
-        # Watches are long-running by design; counting them would pin the limit.
-        tracked = limits.max_in_flight is not None and verb != "watch"
-        if tracked and not lim.inflight.try_enter(tenant, limits.max_in_flight):
+        # A watch is long-lived by design: it takes a watch slot, never an in-flight one.
+        cap: int | None
+        if watching:
+            slots, cap, tier = lim.watches, rate_limits.max_watches(tenant), WATCHES
+        else:
+            slots, cap, tier = lim.inflight, limits.max_in_flight if limits else None, INFLIGHT
+        what = "open watches" if watching else "requests in flight"
+        if cap is not None and not slots.try_enter(tenant, cap):
             if not dry:
-                lim.count(tenant, INFLIGHT, LIMITED)
-                ctx.audit["ratelimit"] = "limited:inflight"
+                lim.count(tenant, tier, LIMITED)
+                ctx.audit["ratelimit"] = f"limited:{tier}"
                 raise too_many(
-                    f"too many requests in flight for tenant {tenant!r} "
-                    f"(limit {limits.max_in_flight})",
-                    lim.local.peek(keys),
+                    f"too many {what} for tenant {tenant!r} (limit {cap})",
+                    lim.local.peek(keys) or slot_verdict(cap),
                     1,
                 )
-            lim.count(tenant, INFLIGHT, WOULD_LIMIT)
-            ctx.audit["ratelimit"] = "would_limit:inflight"
-            lim.inflight.enter(tenant)
+            lim.count(tenant, tier, WOULD_LIMIT)
+            ctx.audit["ratelimit"] = f"would_limit:{tier}"
+            slots.enter(tenant)
         try:
             verdict = await self._check(ctx, tenant, specs, keys, dry)
             if verdict is not None:
@@ -151,8 +171,8 @@ class TenantRateLimitStage:
                 ctx.response_headers.update(headers)
             return await call_next(ctx)
         finally:
-            if tracked:
-                lim.inflight.leave(tenant)
+            if cap is not None:
+                slots.leave(tenant)
 
     async def _check(
         self,
@@ -261,18 +281,6 @@ class AnonymousRateLimitStage:
             verdict,
             retry,
         )
-
-
-def redact(url: str) -> str:
-    """A URL without its password, for details and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def limiter_for(rt: Runtime) -> RateLimiter:

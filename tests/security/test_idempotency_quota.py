@@ -1,0 +1,145 @@
+"""Finding 3: an `Idempotency-Key` must never let a create skip the quota (DESIGN §7).
+
+Against the real sidecar and the real backing store, on both ledgers (a SQLite file and
+the real Redis under the test's own prefix): one key can never create more objects
+than the limit, a key reused on another path or with another body is 422, and a retry
+while the first create is still in flight is 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests import harness
+from tests.test_quota_support import (
+    CONFIGMAPS,
+    PODS,
+    SERVERS,
+    Gate,
+    ledger_for_kind,
+    pod,
+    quota_env,
+)
+
+KINDS = ["sqlite", "redis"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_one_key_never_creates_more_than_the_limit(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, extra = ledger_for_kind(kind, tmp_path, request)
+    async with quota_env(tmp_path, url, **extra) as env:
+        statuses = []
+        for i in range(15):
+            status, _ = await env.send("POST", SERVERS, {"metadata": {"name": f"s{i}"}},
+                                       headers={"Idempotency-Key": "one-key"})
+            statuses.append(status)
+        stored = await env.stored(SERVERS)
+        assert len(stored["items"]) <= 10, statuses
+        used, in_progress = await env.usage("servers")
+        assert used == len(stored["items"]) and in_progress == 0
+        # The first create went through; the others used the key for another body.
+        assert statuses[0] == 201 and set(statuses[1:]) == {422}, statuses
+
+        # A retry of the very same create is never charged twice (the store already
+        # has the object: AlreadyExists, nothing committed).
+        status, _ = await env.send("POST", SERVERS, {"metadata": {"name": "s0"}},
+                                   headers={"Idempotency-Key": "one-key"})
+        assert status == 409
+        assert await env.usage("servers") == (1, 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_retries_of_one_create_stay_within_the_limit(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same create retried after each success (its object deleted in between) is
+    checked and charged like a new one: the ledger always matches the store."""
+    url, extra = ledger_for_kind(kind, tmp_path, request)
+    async with quota_env(tmp_path, url, **extra) as env:
+        for i in range(9):
+            status, body = await env.send("POST", SERVERS, {"metadata": {"name": f"f{i}"}})
+            assert status == 201, body
+        for _ in range(4):
+            status, body = await env.send("POST", SERVERS, {"metadata": {"name": "again"}},
+                                          headers={"Idempotency-Key": "retry"})
+            assert status == 201, body
+            assert await env.usage("servers") == (10, 0)
+            status, _ = await env.send("DELETE", SERVERS + "/again")
+            assert status == 200
+        # Full up, the key does not help a create past the limit.
+        status, _ = await env.send("POST", SERVERS, {"metadata": {"name": "f9"}})
+        assert status == 201
+        status, body = await env.send("POST", SERVERS, {"metadata": {"name": "again"}},
+                                      headers={"Idempotency-Key": "retry"})
+        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert len((await env.stored(SERVERS))["items"]) == 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_key_reused_on_another_path_is_422(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, extra = ledger_for_kind(kind, tmp_path, request)
+    async with quota_env(tmp_path, url, **extra) as env:
+        status, _ = await env.send("POST", CONFIGMAPS, {"metadata": {"name": "cfg"}},
+                                   headers={"Idempotency-Key": "k"})
+        assert status == 201
+        for i in range(3):
+            status, body = await env.send("POST", SERVERS, {"metadata": {"name": f"s{i}"}},
+                                          headers={"Idempotency-Key": "k"})
+            assert status == 422 and body["kind"] == "Status", body
+        assert (await env.stored(SERVERS))["items"] == []
+        assert await env.usage("servers") == (0, 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_key_reused_with_another_body_is_422(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, extra = ledger_for_kind(kind, tmp_path, request)
+    async with quota_env(tmp_path, url, **extra) as env:
+        status, _ = await env.send("POST", PODS, pod("small", cpu="1m"),
+                                   headers={"Idempotency-Key": "k"})
+        assert status == 201
+        for body in (pod("small", cpu="500"), pod("big", cpu="500")):
+            status, answer = await env.send("POST", PODS, body,
+                                            headers={"Idempotency-Key": "k"})
+            assert status == 422, answer
+        assert [p["metadata"]["name"] for p in (await env.stored(PODS))["items"]] == ["small"]
+        assert await env.usage("requests.cpu") == ("1m", "0")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_concurrent_same_key_one_proceeds_the_other_409(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, extra = ledger_for_kind(kind, tmp_path, request)
+    store = harness.start_store(tmp_path)
+    gate = Gate(store.url, lambda r: r.method == "POST" and r.path == SERVERS)
+    relay = TestServer(gate.app(), host="127.0.0.1")
+    await relay.start_server()
+    try:
+        async with quota_env(tmp_path, url, upstream=str(relay.make_url("")).rstrip("/"),
+                             store=store, **extra) as env:
+            body = {"metadata": {"name": "one"}}
+            first = asyncio.create_task(env.send("POST", SERVERS, body,
+                                                 headers={"Idempotency-Key": "k"}))
+            await asyncio.wait_for(gate.held.wait(), 10)
+            status, answer = await env.send("POST", SERVERS, body,
+                                            headers={"Idempotency-Key": "k"})
+            assert status == 409 and answer["reason"] == "Conflict", answer
+            assert await env.usage("servers") == (0, 1)
+            gate.open.set()
+            status, answer = await asyncio.wait_for(first, 20)
+            assert status == 201, answer
+            assert await env.usage("servers") == (1, 0)
+            assert len((await env.stored(SERVERS))["items"]) == 1
+    finally:
+        await relay.close()
+        store.stop()

@@ -1,0 +1,125 @@
+"""`/readyz` semantics (DESIGN §9). It is 503 only when the sidecar cannot serve at all
+(upstream unreachable); an outage of the quota ledger or of the global rate-limit
+tier's Redis shows in its details and in `/metrics` but keeps it 200, since
+everything except quota-tracked creates still works. It needs no credentials, never
+passes the rate limiter, never reaches the upstream, and never names a tenant, a
+password or a file path. Real sidecar and backing store processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests import harness
+from tests.security import tenancy_env
+from tests.security.tenancy_env import SHIPPED_POLICIES
+
+PASSWORD = "s3cret"
+TENANTS = ("acme", "beta")
+
+
+async def readyz(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any], str]:
+    async with http.get(url + "/readyz") as resp:
+        text = await resp.text()
+        return resp.status, json.loads(text), text
+
+
+def assert_discreet(text: str, tmp: Path) -> None:
+    """No password, no file path, no tenant name in a /readyz body."""
+    assert PASSWORD not in text, text
+    assert str(tmp) not in text and "/tmp/" not in text and ".db" not in text, text
+    assert ".yaml" not in text, text
+    for tenant in TENANTS:
+        assert f'"{tenant}"' not in text and f" {tenant}" not in text, text
+
+
+async def test_ledger_and_redis_outage_keep_it_ready(tmp_path: Path) -> None:
+    redis = f"redis://:{PASSWORD}@127.0.0.1:{harness.free_port()}/0"
+    async with tenancy_env.running(
+        tmp_path, ledger=redis, rateLimit={"global": redis, "redisTimeout": 0.2},
+    ) as env:
+        status, body, text = await readyz(env.http, env.url)
+        assert status == 200, text
+        assert body["ready"] is True
+        checks = body["checks"]
+        assert checks["ledger"]["ok"] is False, text
+        assert checks["upstream"]["ok"] is True and checks["policy"]["ok"] is True
+        assert "unreachable" in checks["ratelimit"]["detail"], text
+        assert "ledger" in body["degraded"]
+        assert_discreet(text, tmp_path)
+        # ... and in the metrics.
+        async with env.http.get(env.url + "/metrics",
+                                headers={"Authorization": "Bearer admin"}) as resp:
+            metrics = await resp.text()
+        assert 'sidecar_ready_check{check="ledger"} 0.0' in metrics
+        assert 'sidecar_ready_check{check="upstream"} 1.0' in metrics
+
+
+async def test_upstream_down_is_503(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(harness.start_sidecar, tmp_path, {
+        "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{harness.free_port()}",
+        "policies": str(SHIPPED_POLICIES),
+        "reload": {"enabled": False},
+    })
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, body, text = await readyz(http, proc.url)
+            async with http.get(proc.url + "/healthz") as resp:
+                alive = resp.status
+    finally:
+        proc.stop()
+    assert status == 503, text
+    assert body["ready"] is False and body["checks"]["upstream"]["ok"] is False
+    assert alive == 200
+    assert_discreet(text, tmp_path)
+
+
+async def test_refused_policy_change_names_no_file(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(SHIPPED_POLICIES, policies)
+    async with tenancy_env.running(
+        tmp_path, policies, reload={"enabled": True, "debounceSeconds": 0.1}
+    ) as env:
+        (policies / "99-broken.yaml").write_text(
+            "kind: TenantResourceQuota\nmetadata: {name: acme, tenant: acme}\nspec: {hard: [\n")
+        deadline = time.monotonic() + 15
+        while True:
+            status, body, text = await readyz(env.http, env.url)
+            if "refused" in body["checks"]["policy"]["detail"] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert "refused" in body["checks"]["policy"]["detail"], text
+        assert status == 200 and body["ready"] is True
+        assert_discreet(text, tmp_path)
+
+
+async def test_never_limited_never_forwarded(tmp_path: Path) -> None:
+    async with tenancy_env.running(
+        tmp_path, rateLimit={"anonymous": {"rate": 1, "burst": 2}}
+    ) as env:
+        statuses = []
+        for _ in range(30):
+            for path in ("/readyz", "/healthz"):
+                async with env.http.get(env.url + path) as resp:
+                    statuses.append(resp.status)
+        assert set(statuses) == {200}
+        # Other methods are answered by the sidecar, never forwarded.
+        for method in ("POST", "PUT", "DELETE"):
+            for path in ("/readyz", "/healthz"):
+                async with env.http.request(method, env.url + path,
+                                            headers={"Authorization": "Bearer admin"}) as resp:
+                    assert resp.status == 405, (method, path)
+                    assert (await resp.json())["kind"] == "Status"
+        # The upstream saw none of these requests: only the readiness probe's own
+        # GET /healthz, and far fewer of those than /readyz was asked (results are
+        # reused briefly, so probing /readyz cannot load the upstream).
+        assert env.upstream_saw("/readyz") == []
+        pings = env.upstream_saw("/healthz")
+        assert all(seen == ("GET", "/healthz") for seen in pings), pings
+        assert len(pings) < 30, len(pings)
