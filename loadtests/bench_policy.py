@@ -45,9 +45,11 @@ def generate(lines: int, tenants: int, rnd: random.Random) -> tuple[str, list[tu
     out: list[str] = []
     users: list[tuple[str, str]] = []
     # A few shared ClusterRoles, bound by tenants' RoleBindings.
-    out.append("kind: ClusterRole\nmetadata: {name: view}\nrules:\n"
-               "- apiGroups: ['']\n  resources: [pods, services, events]\n"
-               "  verbs: [get, list, watch]\n")
+    out.append(
+        "kind: ClusterRole\nmetadata: {name: view}\nrules:\n"
+        "- apiGroups: ['']\n  resources: [pods, services, events]\n"
+        "  verbs: [get, list, watch]\n"
+    )
     for t in range(tenants):
         tenant = f"t{t}"
         roles = []
@@ -57,12 +59,16 @@ def generate(lines: int, tenants: int, rnd: random.Random) -> tuple[str, list[tu
             for _ in range(n):
                 res = rnd.sample(RESOURCES, 2)
                 verbs = rnd.sample(VERBS, 3)
-                body.append(f"- apiGroups: ['', compute]\n  resources: [{', '.join(res)}]\n"
-                            f"  verbs: [{', '.join(verbs)}]\n")
+                body.append(
+                    f"- apiGroups: ['', compute]\n  resources: [{', '.join(res)}]\n"
+                    f"  verbs: [{', '.join(verbs)}]\n"
+                )
             name = f"role{r}"
             roles.append(name)
-            out.append(f"kind: TenantRole\nmetadata: {{tenant: {tenant}, name: {name}}}\n"
-                       f"rules:\n{''.join(body)}")
+            out.append(
+                f"kind: TenantRole\nmetadata: {{tenant: {tenant}, name: {name}}}\n"
+                f"rules:\n{''.join(body)}"
+            )
         for b in range(max(1, links // SUBJECTS_PER_BINDING)):
             n = min(SUBJECTS_PER_BINDING, links - b * SUBJECTS_PER_BINDING) or 1
             subs = []
@@ -73,13 +79,17 @@ def generate(lines: int, tenants: int, rnd: random.Random) -> tuple[str, list[tu
             if b % 2:
                 ns = rnd.choice(NAMESPACES)
                 ref = rnd.choice([("TenantRole", rnd.choice(roles)), ("ClusterRole", "view")])
-                out.append(f"kind: RoleBinding\nmetadata: {{tenant: {tenant}, namespace: {ns}, "
-                           f"name: b{b}}}\nroleRef: {{kind: {ref[0]}, name: {ref[1]}}}\n"
-                           f"subjects:\n{''.join(subs)}")
+                out.append(
+                    f"kind: RoleBinding\nmetadata: {{tenant: {tenant}, namespace: {ns}, "
+                    f"name: b{b}}}\nroleRef: {{kind: {ref[0]}, name: {ref[1]}}}\n"
+                    f"subjects:\n{''.join(subs)}"
+                )
             else:
-                out.append(f"kind: TenantRoleBinding\nmetadata: {{tenant: {tenant}, "
-                           f"name: b{b}}}\nroleRef: {{kind: TenantRole, "
-                           f"name: {rnd.choice(roles)}}}\nsubjects:\n{''.join(subs)}")
+                out.append(
+                    f"kind: TenantRoleBinding\nmetadata: {{tenant: {tenant}, "
+                    f"name: b{b}}}\nroleRef: {{kind: TenantRole, "
+                    f"name: {rnd.choice(roles)}}}\nsubjects:\n{''.join(subs)}"
+                )
     return "---\n".join(out), users
 
 
@@ -93,10 +103,16 @@ def requests(
             tenant = f"t{rnd.randrange(10**6)}"  # a caller whose bindings are elsewhere
         scope = Scope.NAMESPACE if rnd.random() < 0.8 else Scope.TENANT
         target = RequestTarget(
-            path="/bench", verb=rnd.choice(VERBS), resource_request=True,
-            api_group=rnd.choice(["", "compute"]), api_version="v1", scope=scope,
-            tenant=tenant, namespace=rnd.choice(NAMESPACES) if scope == Scope.NAMESPACE else None,
-            resource=rnd.choice(RESOURCES), name=f"obj{i}",
+            path="/bench",
+            verb=rnd.choice(VERBS),
+            resource_request=True,
+            api_group=rnd.choice(["", "compute"]),
+            api_version="v1",
+            scope=scope,
+            tenant=tenant,
+            namespace=rnd.choice(NAMESPACES) if scope == Scope.NAMESPACE else None,
+            resource=rnd.choice(RESOURCES),
+            name=f"obj{i}",
         )
         out.append((Identity(user, tenant), target))
     return out
@@ -137,10 +153,16 @@ def bench(label: str, lines: int, tenants: int, n: int) -> dict[str, object]:
         cache.decide(engine, ident, target)
         hit.append((timer() - s) / 1000)
     return {
-        "size": label, "lines": engine.line_count, "tenants": tenants,
-        "load_s": t2 - t0, "parse_s": t1 - t0, "compile_s": t2 - t1,
-        "miss_p50": statistics.median(miss), "miss_p99": pct(miss, 0.99),
-        "hit_p50": statistics.median(hit), "hit_p99": pct(hit, 0.99),
+        "size": label,
+        "lines": engine.line_count,
+        "tenants": tenants,
+        "load_s": t2 - t0,
+        "parse_s": t1 - t0,
+        "compile_s": t2 - t1,
+        "miss_p50": statistics.median(miss),
+        "miss_p99": pct(miss, 0.99),
+        "hit_p50": statistics.median(hit),
+        "hit_p99": pct(hit, 0.99),
         "deny_pct": 100 * (1 - allowed / len(reqs)),
     }
 
@@ -150,18 +172,22 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--only", choices=[s[0] for s in SIZES])
     args = parser.parse_args()
-    print("| policy | compiled lines | tenants | load (parse + compile) | miss p50 / p99 "
-          "| hit p50 / p99 | denied |")
+    print(
+        "| policy | compiled lines | tenants | load (parse + compile) | miss p50 / p99 "
+        "| hit p50 / p99 | denied |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, lines, tenants in SIZES:
         if args.only and label != args.only:
             continue
         r = bench(label, lines, tenants, args.requests)
-        print(f"| {r['size']} | {r['lines']:,} | {r['tenants']:,} "
-              f"| {r['load_s']:.2f} s ({r['parse_s']:.2f} + {r['compile_s']:.2f}) "
-              f"| {r['miss_p50']:.1f} / {r['miss_p99']:.1f} µs "
-              f"| {r['hit_p50']:.1f} / {r['hit_p99']:.1f} µs | {r['deny_pct']:.0f}% |",
-              flush=True)
+        print(
+            f"| {r['size']} | {r['lines']:,} | {r['tenants']:,} "
+            f"| {r['load_s']:.2f} s ({r['parse_s']:.2f} + {r['compile_s']:.2f}) "
+            f"| {r['miss_p50']:.1f} / {r['miss_p99']:.1f} µs "
+            f"| {r['hit_p50']:.1f} / {r['hit_p99']:.1f} µs | {r['deny_pct']:.0f}% |",
+            flush=True,
+        )
     return 0
 
 

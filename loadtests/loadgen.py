@@ -25,14 +25,14 @@ RequestSpec = tuple[str, str, dict[str, str], Any]
 
 @dataclass(slots=True)
 class Record:
-    t: float            # seconds since the run started, when the request was sent
-    stream: str         # usually the tenant
+    t: float  # seconds since the run started, when the request was sent
+    stream: str  # usually the tenant
     phase: str
-    status: int         # 0 = transport error
+    status: int  # 0 = transport error
     latency_ms: float
     retry_after: str
     error: str = ""
-    reason: str = ""    # the Status body's `reason` of an error answer
+    reason: str = ""  # the Status body's `reason` of an error answer
 
 
 @dataclass
@@ -54,8 +54,14 @@ def new_session(limit: int = 0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
-async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, stream: str, phase: str,
-               t0: float, out: list[Record]) -> None:
+async def send_one(
+    session: aiohttp.ClientSession,
+    spec: RequestSpec,
+    stream: str,
+    phase: str,
+    t0: float,
+    out: list[Record],
+) -> None:
     method, url, headers, body = spec
     sent = time.perf_counter()
     try:
@@ -67,8 +73,18 @@ async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, stream: st
     except (TimeoutError, aiohttp.ClientError) as exc:
         status, retry, err, data = 0, "", type(exc).__name__, b""
     done = time.perf_counter()
-    out.append(Record(sent - t0, stream, phase, status, (done - sent) * 1000, retry, err,
-                      _reason(data) if status >= 400 else ""))
+    out.append(
+        Record(
+            sent - t0,
+            stream,
+            phase,
+            status,
+            (done - sent) * 1000,
+            retry,
+            err,
+            _reason(data) if status >= 400 else "",
+        )
+    )
 
 
 def _reason(data: bytes) -> str:
@@ -79,8 +95,10 @@ def _reason(data: bytes) -> str:
     return str(body.get("reason") or "") if isinstance(body, dict) else ""
 
 
-async def open_loop(streams: list[Stream], session: aiohttp.ClientSession | None = None,
-                    ) -> list[Record]:
+async def open_loop(
+    streams: list[Stream],
+    session: aiohttp.ClientSession | None = None,
+) -> list[Record]:
     """Run every stream on its fixed schedule; return after the last answer."""
     own = session is None
     session = session or new_session()
@@ -112,8 +130,13 @@ async def open_loop(streams: list[Stream], session: aiohttp.ClientSession | None
     return out
 
 
-async def closed_loop(make: Callable[[int], RequestSpec], concurrency: int, seconds: float,
-                      name: str = "bench", warmup: float = 0.5) -> tuple[list[Record], float]:
+async def closed_loop(
+    make: Callable[[int], RequestSpec],
+    concurrency: int,
+    seconds: float,
+    name: str = "bench",
+    warmup: float = 0.5,
+) -> tuple[list[Record], float]:
     """`concurrency` workers each send the next request as soon as the last is
     answered. Returns the records after the warm-up and the measured seconds."""
     out: list[Record] = []

@@ -54,8 +54,7 @@ class TenantUser(HttpUser):
 
     def on_start(self) -> None:
         self.client.headers["Authorization"] = f"Bearer {self.token}"
-        self.base = (f"/apis/compute/v1/tenants/{self.tenant}/namespaces/"
-                     f"{self.namespace}/servers")
+        self.base = f"/apis/compute/v1/tenants/{self.tenant}/namespaces/{self.namespace}/servers"
         self.mine: list[str] = []
 
     def _name(self, op: str) -> str:
@@ -68,8 +67,9 @@ class TenantUser(HttpUser):
     @task(6)
     def get_server(self) -> None:
         name = random.choice(self.mine) if self.mine else f"web-{random.randrange(5)}"
-        with self.client.get(f"{self.base}/{name}", name=self._name("get server"),
-                             catch_response=True) as resp:
+        with self.client.get(
+            f"{self.base}/{name}", name=self._name("get server"), catch_response=True
+        ) as resp:
             if resp.status_code == 404 and name in self.mine:
                 resp.success()  # deleted by a race with our own delete task
 
@@ -77,8 +77,9 @@ class TenantUser(HttpUser):
     def create_server(self) -> None:
         name = f"lc-{uuid.uuid4().hex[:10]}-{next(_names)}"
         body = {"metadata": {"name": name}, "spec": {"flavor": "m1.small"}, "tags": ["load"]}
-        with self.client.post(self.base, json=body, name=self._name("create server"),
-                              catch_response=True) as resp:
+        with self.client.post(
+            self.base, json=body, name=self._name("create server"), catch_response=True
+        ) as resp:
             if resp.status_code == 201:
                 self.mine.append(name)
 
@@ -99,14 +100,19 @@ class TenantUser(HttpUser):
 
     @task(1)
     def list_tagged(self) -> None:
-        self.client.get(self.base, params={"tags-any": "load,red"},
-                        name=self._name("list tagged"))
+        self.client.get(self.base, params={"tags-any": "load,red"}, name=self._name("list tagged"))
 
 
 for _t in _tenants():
     _cls_name = "Tenant_" + _t["name"].replace("-", "_")
-    globals()[_cls_name] = type(_cls_name, (TenantUser,), {
-        "tenant": _t["name"], "token": _t["token"],
-        "namespace": _t.get("namespace", "dev"), "weight": int(_t.get("weight", 1)),
-        "abstract": False,
-    })
+    globals()[_cls_name] = type(
+        _cls_name,
+        (TenantUser,),
+        {
+            "tenant": _t["name"],
+            "token": _t["token"],
+            "namespace": _t.get("namespace", "dev"),
+            "weight": int(_t.get("weight", 1)),
+            "abstract": False,
+        },
+    )

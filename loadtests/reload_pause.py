@@ -72,8 +72,8 @@ async def measure(lines: int, after: float) -> str:
     await reloader.stop()
     return (
         f"| {store.current.engine.line_count:,} | {initial:.2f} s | {took:.2f} s "
-        f"({'swapped' if swapped else 'NOT swapped'}) | {pct(during, .5):.1f} / "
-        f"{pct(during, .99):.1f} / {max(during) * 1000:.1f} ms | {pct(later, .99):.1f} / "
+        f"({'swapped' if swapped else 'NOT swapped'}) | {pct(during, 0.5):.1f} / "
+        f"{pct(during, 0.99):.1f} / {max(during) * 1000:.1f} ms | {pct(later, 0.99):.1f} / "
         f"{max(later) * 1000:.1f} ms |"
     )
 
@@ -81,11 +81,14 @@ async def measure(lines: int, after: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--after", type=float, default=8.0,
-                        help="seconds to keep measuring after the swap")
+    parser.add_argument(
+        "--after", type=float, default=8.0, help="seconds to keep measuring after the swap"
+    )
     args = parser.parse_args()
-    print("| policy lines | initial load | reload | loop gap during reload p50 / p99 / max "
-          "| after the swap p99 / max |")
+    print(
+        "| policy lines | initial load | reload | loop gap during reload p50 / p99 / max "
+        "| after the swap p99 / max |"
+    )
     print("|---|---|---|---|---|")
     for lines in args.lines:
         print(asyncio.run(measure(lines, args.after)), flush=True)

@@ -27,11 +27,22 @@ def percentile(values: Sequence[float], q: float) -> float:
 def write_records(path: Path, records: Iterable[Record]) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["t", "stream", "phase", "status", "reason", "latency_ms", "retry_after",
-                    "error"])
+        w.writerow(
+            ["t", "stream", "phase", "status", "reason", "latency_ms", "retry_after", "error"]
+        )
         for r in sorted(records, key=lambda r: r.t):
-            w.writerow([f"{r.t:.4f}", r.stream, r.phase, r.status, r.reason,
-                        f"{r.latency_ms:.3f}", r.retry_after, r.error])
+            w.writerow(
+                [
+                    f"{r.t:.4f}",
+                    r.stream,
+                    r.phase,
+                    r.status,
+                    r.reason,
+                    f"{r.latency_ms:.3f}",
+                    r.retry_after,
+                    r.error,
+                ]
+            )
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -79,8 +90,9 @@ def _plt() -> Any:
     return plt
 
 
-def chart_rates(path: Path, records: list[Record], title: str,
-                limits: dict[str, float] | None = None) -> None:
+def chart_rates(
+    path: Path, records: list[Record], title: str, limits: dict[str, float] | None = None
+) -> None:
     """Admitted (2xx) and rejected requests per second, per stream, over time."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -89,8 +101,13 @@ def chart_rates(path: Path, records: list[Record], title: str,
     for stream in sorted({r.stream for r in records}):
         xs = sorted(set(admitted[stream]) | set(rejected[stream]))
         line = ax.plot(xs, [admitted[stream].get(x, 0) for x in xs], label=f"{stream} admitted")
-        ax.plot(xs, [rejected[stream].get(x, 0) for x in xs], linestyle=":",
-                color=line[0].get_color(), label=f"{stream} rejected")
+        ax.plot(
+            xs,
+            [rejected[stream].get(x, 0) for x in xs],
+            linestyle=":",
+            color=line[0].get_color(),
+            label=f"{stream} rejected",
+        )
         if limits and stream in limits:
             ax.axhline(limits[stream], linestyle="--", color=line[0].get_color(), alpha=0.5)
     ax.set_xlabel("seconds")
@@ -113,8 +130,13 @@ def chart_latency(path: Path, records: list[Record], title: str, streams: list[s
                 by_sec[int(r.t)].append(r.latency_ms)
         xs = sorted(by_sec)
         line = ax.plot(xs, [percentile(by_sec[x], 50) for x in xs], label=f"{stream} p50")
-        ax.plot(xs, [percentile(by_sec[x], 99) for x in xs], linestyle=":",
-                color=line[0].get_color(), label=f"{stream} p99")
+        ax.plot(
+            xs,
+            [percentile(by_sec[x], 99) for x in xs],
+            linestyle=":",
+            color=line[0].get_color(),
+            label=f"{stream} p99",
+        )
     ax.set_xlabel("seconds")
     ax.set_ylabel("latency of admitted requests (ms)")
     ax.set_title(title)
@@ -124,8 +146,9 @@ def chart_latency(path: Path, records: list[Record], title: str, streams: list[s
     plt.close(fig)
 
 
-def chart_bars(path: Path, labels: list[str], series: dict[str, list[float]], title: str,
-               ylabel: str) -> None:
+def chart_bars(
+    path: Path, labels: list[str], series: dict[str, list[float]], title: str, ylabel: str
+) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 2), 4.5))
     width = 0.8 / max(1, len(series))

@@ -21,19 +21,36 @@ from loadtests.scenarios import DEFAULT_SECONDS, SCENARIOS, Options
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loadtests/run.py", description=__doc__.split("\n")[0])
     parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="load duration (default per scenario, at most 30 s)")
-    parser.add_argument("--out", default="loadtests/results",
-                        help="directory for CSVs, summaries and charts")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply every rate and count (the smoke test uses 0.1)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="sidecar processes sharing the port (sidecar serve --workers)")
-    parser.add_argument("--global-tier", action="store_true",
-                        help="use the Redis global rate-limit tier (LOADTEST_REDIS, "
-                             "default redis://127.0.0.1:6379/0; keys removed afterwards)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when a scenario misses its target")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="load duration (default per scenario, at most 30 s)",
+    )
+    parser.add_argument(
+        "--out", default="loadtests/results", help="directory for CSVs, summaries and charts"
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every rate and count (the smoke test uses 0.1)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="sidecar processes sharing the port (sidecar serve --workers)",
+    )
+    parser.add_argument(
+        "--global-tier",
+        action="store_true",
+        help="use the Redis global rate-limit tier (LOADTEST_REDIS, "
+        "default redis://127.0.0.1:6379/0; keys removed afterwards)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a scenario misses its target"
+    )
     args = parser.parse_args(argv)
     if args.seconds is not None and not 0 < args.seconds <= 600:
         parser.error("--seconds must be in (0, 600]")

@@ -64,8 +64,14 @@ class Options:
 LEDGER_PREFIX = "sidecar:quota:"  # the Redis ledger's default key prefix
 
 
-def _sidecar_config(stack: Stack, policies: Path, tokens: Path, upstream: str,
-                    ledger: str | None = None, opts: Options | None = None) -> dict[str, Any]:
+def _sidecar_config(
+    stack: Stack,
+    policies: Path,
+    tokens: Path,
+    upstream: str,
+    ledger: str | None = None,
+    opts: Options | None = None,
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "upstream": upstream,
         "policies": str(policies),
@@ -110,8 +116,9 @@ LIMITS_TENANTS = {"alpha": (40.0, 20), "bravo": (100.0, 50), "charlie": (20.0, 1
 
 def limits(out: Path, opts: Options) -> tuple[str, bool]:
     seconds, scale = opts.seconds, opts.scale
-    tenants = {t: (max(1.0, r * scale), max(1, round(b * scale)))
-               for t, (r, b) in LIMITS_TENANTS.items()}
+    tenants = {
+        t: (max(1.0, r * scale), max(1, round(b * scale))) for t, (r, b) in LIMITS_TENANTS.items()
+    }
     # N processes with local buckets admit up to N times a tenant's rate (each has its
     # own buckets); the global tier shares one budget.
     shared = opts.workers == 1 or opts.global_tier
@@ -125,9 +132,12 @@ def limits(out: Path, opts: Options) -> tuple[str, bool]:
         policies = stack.write_policies(docs)
         tokens = stack.write_tokens(tokens_for(list(tenants)))
         sidecar = stack.start_sidecar(
-            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
-        streams = [Stream(t, 2 * r, _get_server(sidecar.url, t), duration=seconds)
-                   for t, (r, _b) in tenants.items()]
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers
+        )
+        streams = [
+            Stream(t, 2 * r, _get_server(sidecar.url, t), duration=seconds)
+            for t, (r, _b) in tenants.items()
+        ]
         try:
             records = asyncio.run(open_loop(streams))
         finally:
@@ -136,15 +146,24 @@ def limits(out: Path, opts: Options) -> tuple[str, bool]:
                 _redis_delete(opts.global_prefix + "*")
 
     rows: list[dict[str, Any]] = []
-    lines = [f"{seconds:g} s, each tenant offered 2x its rate; expected admitted = "
-             f"rate x seconds + burst (within 10% of rate x seconds)",
-             f"sidecar: {opts.workers} worker process(es), "
-             f"{'global (Redis) + local' if opts.global_tier else 'local'} rate-limit buckets"
-             + ("" if shared else f"; local buckets are per process, so up to "
-                f"{opts.workers}x the rate may be admitted (verdicts not applicable)"), ""]
-    lines.append(f"{'tenant':8} {'rate':>6} {'burst':>5} {'offered/s':>9} {'admitted':>8} "
-                 f"{'expected':>8} {'adm/s':>6} {'429':>5} {'other':>5} {'p50ms':>6} "
-                 f"{'p99ms':>6}  verdict")
+    lines = [
+        f"{seconds:g} s, each tenant offered 2x its rate; expected admitted = "
+        f"rate x seconds + burst (within 10% of rate x seconds)",
+        f"sidecar: {opts.workers} worker process(es), "
+        f"{'global (Redis) + local' if opts.global_tier else 'local'} rate-limit buckets"
+        + (
+            ""
+            if shared
+            else f"; local buckets are per process, so up to "
+            f"{opts.workers}x the rate may be admitted (verdicts not applicable)"
+        ),
+        "",
+    ]
+    lines.append(
+        f"{'tenant':8} {'rate':>6} {'burst':>5} {'offered/s':>9} {'admitted':>8} "
+        f"{'expected':>8} {'adm/s':>6} {'429':>5} {'other':>5} {'p50ms':>6} "
+        f"{'p99ms':>6}  verdict"
+    )
     all_ok = True
     for t, (rate, burst) in tenants.items():
         mine = [r for r in records if r.stream == t]
@@ -158,28 +177,48 @@ def limits(out: Path, opts: Options) -> tuple[str, bool]:
         ok = within and other == 0 and not bad_429
         all_ok &= ok
         p50, p99 = _lat(mine)
-        rows.append({"tenant": t, "rate": rate, "burst": burst, "seconds": seconds,
-                     "offered": len(mine), "offered_per_s": len(mine) / seconds,
-                     "admitted": admitted, "expected": expected,
-                     "admitted_per_s": admitted / seconds, "rejected_429": len(r429),
-                     "rejected_429_without_retry_after": len(bad_429), "rejected_other": other,
-                     "p50_ms": p50, "p99_ms": p99, "pass": ok})
-        lines.append(f"{t:8} {rate:6g} {burst:5d} {len(mine) / seconds:9.1f} {admitted:8d} "
-                     f"{expected:8.0f} {admitted / seconds:6.1f} {len(r429):5d} {other:5d} "
-                     f"{p50:6.2f} {p99:6.2f}  {_verdict(ok) if shared else 'n/a'}"
-                     + (f" ({len(bad_429)} 429s without Retry-After)" if bad_429 else ""))
+        rows.append(
+            {
+                "tenant": t,
+                "rate": rate,
+                "burst": burst,
+                "seconds": seconds,
+                "offered": len(mine),
+                "offered_per_s": len(mine) / seconds,
+                "admitted": admitted,
+                "expected": expected,
+                "admitted_per_s": admitted / seconds,
+                "rejected_429": len(r429),
+                "rejected_429_without_retry_after": len(bad_429),
+                "rejected_other": other,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "pass": ok,
+            }
+        )
+        lines.append(
+            f"{t:8} {rate:6g} {burst:5d} {len(mine) / seconds:9.1f} {admitted:8d} "
+            f"{expected:8.0f} {admitted / seconds:6.1f} {len(r429):5d} {other:5d} "
+            f"{p50:6.2f} {p99:6.2f}  {_verdict(ok) if shared else 'n/a'}"
+            + (f" ({len(bad_429)} 429s without Retry-After)" if bad_429 else "")
+        )
     report.write_rows(out / "limits.csv", rows)
     report.write_records(out / "limits-requests.csv", records)
-    report.chart_rates(out / "limits-rates.png", records,
-                       "limits: admitted / rejected per second (dashed: rate)",
-                       {t: r for t, (r, _b) in tenants.items()})
-    report.chart_latency(out / "limits-latency.png", records, "limits: latency per tenant",
-                         list(tenants))
+    report.chart_rates(
+        out / "limits-rates.png",
+        records,
+        "limits: admitted / rejected per second (dashed: rate)",
+        {t: r for t, (r, _b) in tenants.items()},
+    )
+    report.chart_latency(
+        out / "limits-latency.png", records, "limits: latency per tenant", list(tenants)
+    )
     lines += ["", f"overall: {_verdict(all_ok)}"]
     return report.write_summary(out / "limits-summary.txt", "scenario: limits", lines), all_ok
 
 
 # ------------------------------------------------------------------ noisy-neighbour
+
 
 def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
     seconds, scale = opts.seconds, opts.scale
@@ -196,20 +235,22 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
         policies = stack.write_policies(docs)
         tokens = stack.write_tokens(tokens_for(["noisy", "quiet"]))
         sidecar = stack.start_sidecar(
-            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers
+        )
         # Warm the token and decision caches and the pools, then let the buckets refill,
         # so the quiet tenant's baseline is not its cold start.
         for t in ("noisy", "quiet"):
             for _ in range(3):
-                http("GET", sidecar.url + servers_path(t) + "/web-0",
-                     headers={"Authorization": f"Bearer token-{t}"})
+                http(
+                    "GET",
+                    sidecar.url + servers_path(t) + "/web-0",
+                    headers={"Authorization": f"Bearer token-{t}"},
+                )
         time.sleep(max(1.0, 6 / rate))
         streams = [
             Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), 0, half, "alone"),
-            Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), half, half,
-                   "with-noisy"),
-            Stream("noisy", rate * 10, _get_server(sidecar.url, "noisy"), half, half,
-                   "with-noisy"),
+            Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), half, half, "with-noisy"),
+            Stream("noisy", rate * 10, _get_server(sidecar.url, "noisy"), half, half, "with-noisy"),
         ]
         try:
             records = asyncio.run(open_loop(streams))
@@ -223,22 +264,39 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
         ok = sum(1 for r in mine if 200 <= r.status < 300)
         p50, p99 = _lat(mine)
         codes = Counter(r.status for r in mine)
-        return {"tenant": stream, "phase": phase, "requests": len(mine), "ok": ok,
-                "success_rate": ok / len(mine) if mine else math.nan, "p50_ms": p50,
-                "p99_ms": p99, "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items()))}
+        return {
+            "tenant": stream,
+            "phase": phase,
+            "requests": len(mine),
+            "ok": ok,
+            "success_rate": ok / len(mine) if mine else math.nan,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items())),
+        }
 
-    alone, loaded, noisy = stats("quiet", "alone"), stats("quiet", "with-noisy"), \
-        stats("noisy", "with-noisy")
+    alone, loaded, noisy = (
+        stats("quiet", "alone"),
+        stats("quiet", "with-noisy"),
+        stats("noisy", "with-noisy"),
+    )
     ratio = loaded["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else math.nan
     success_ok = loaded["success_rate"] == 1.0 and alone["success_rate"] == 1.0
     p99_ok = ratio <= 1.5
     report.write_rows(out / "noisy-neighbour.csv", [alone, loaded, noisy])
     report.write_records(out / "noisy-neighbour-requests.csv", records)
-    report.chart_rates(out / "noisy-neighbour-rates.png", records,
-                       "noisy-neighbour: admitted / rejected per second",
-                       {"quiet": rate, "noisy": rate})
-    report.chart_latency(out / "noisy-neighbour-latency.png", records,
-                         f"latency (noisy tenant starts at {half:g} s)", ["quiet", "noisy"])
+    report.chart_rates(
+        out / "noisy-neighbour-rates.png",
+        records,
+        "noisy-neighbour: admitted / rejected per second",
+        {"quiet": rate, "noisy": rate},
+    )
+    report.chart_latency(
+        out / "noisy-neighbour-latency.png",
+        records,
+        f"latency (noisy tenant starts at {half:g} s)",
+        ["quiet", "noisy"],
+    )
     lines = [
         f"both tenants: rate {rate:g}/s burst {burst}; quiet offers {rate / 2:g}/s for "
         f"{seconds:g} s, noisy offers {rate * 10:g}/s in the second half",
@@ -246,20 +304,24 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
         f"{'tenant/phase':22} {'requests':>8} {'success':>8} {'p50ms':>7} {'p99ms':>7}  statuses",
     ]
     for s in (alone, loaded, noisy):
-        lines.append(f"{s['tenant'] + '/' + s['phase']:22} {s['requests']:8d} "
-                     f"{s['success_rate']:8.1%} {s['p50_ms']:7.2f} {s['p99_ms']:7.2f}  "
-                     f"{s['statuses']}")
+        lines.append(
+            f"{s['tenant'] + '/' + s['phase']:22} {s['requests']:8d} "
+            f"{s['success_rate']:8.1%} {s['p50_ms']:7.2f} {s['p99_ms']:7.2f}  "
+            f"{s['statuses']}"
+        )
     lines += [
         "",
         f"quiet success rate 100% in both phases: {_verdict(success_ok)}",
         f"quiet p99 with noisy / alone = {ratio:.2f} (target <= 1.5): {_verdict(p99_ok)}",
     ]
-    text = report.write_summary(out / "noisy-neighbour-summary.txt",
-                                "scenario: noisy-neighbour", lines)
+    text = report.write_summary(
+        out / "noisy-neighbour-summary.txt", "scenario: noisy-neighbour", lines
+    )
     return text, success_ok and p99_ok
 
 
 # ------------------------------------------------------------------------ quota-race
+
 
 def _redis_available() -> bool:
     import redis
@@ -292,8 +354,9 @@ def _redis_cleanup(tenants: list[str]) -> int:
     return removed
 
 
-async def _race(urls: list[str], tenant: str, n: int, kill_pid: int | None = None,
-                kill_after: int = 0) -> list[Record]:
+async def _race(
+    urls: list[str], tenant: str, n: int, kill_pid: int | None = None, kill_after: int = 0
+) -> list[Record]:
     """`n` creates at once, spread round-robin over the sidecars; with `kill_pid`, that
     process is SIGKILLed once `kill_after` answers have come back."""
     headers = {"Authorization": f"Bearer token-{tenant}"}
@@ -308,10 +371,15 @@ async def _race(urls: list[str], tenant: str, n: int, kill_pid: int | None = Non
         start = time.perf_counter()
         tasks = []
         for i in range(n):
-            spec = ("POST", urls[i % len(urls)] + servers_path(tenant), headers,
-                    {"metadata": {"name": f"s-{i}"}, "spec": {"flavor": "m1.small"}})
+            spec = (
+                "POST",
+                urls[i % len(urls)] + servers_path(tenant),
+                headers,
+                {"metadata": {"name": f"s-{i}"}, "spec": {"flavor": "m1.small"}},
+            )
             task = asyncio.create_task(
-                send_one(session, spec, f"sidecar-{i % len(urls)}", tenant, start, out))
+                send_one(session, spec, f"sidecar-{i % len(urls)}", tenant, start, out)
+            )
             task.add_done_callback(answered)
             tasks.append(task)
         if kill_pid is not None:
@@ -326,22 +394,36 @@ KILL_AFTER = 2  # answers received before the SIGKILL: creates are still in flig
 
 
 def _show(url: str, tenant: str) -> tuple[int, int]:
-    _, shown = http("GET", f"{url}/quota/v1/tenants/{tenant}",
-                    headers={"Authorization": f"Bearer token-{tenant}"})
+    _, shown = http(
+        "GET",
+        f"{url}/quota/v1/tenants/{tenant}",
+        headers={"Authorization": f"Bearer token-{tenant}"},
+    )
     return _quota_row(shown)
 
 
-def _race_round(stack: Stack, store_url: str, policies: Path, tokens: Path, backend: str,
-                ledger: str, tenant: str, creates: int, limit: int, sidecars: int,
-                kill: bool) -> tuple[dict[str, Any], list[Record]]:
+def _race_round(
+    stack: Stack,
+    store_url: str,
+    policies: Path,
+    tokens: Path,
+    backend: str,
+    ledger: str,
+    tenant: str,
+    creates: int,
+    limit: int,
+    sidecars: int,
+    kill: bool,
+) -> tuple[dict[str, Any], list[Record]]:
     """One race; with `kill`, one sidecar is SIGKILLed mid-race, then
     `sidecar quota reconcile` runs and the reservations' TTL is waited out."""
     config = _sidecar_config(stack, policies, tokens, store_url, ledger)
     if kill:
         config["quota"] = {"reservationTtlSeconds": FAULT_TTL}
     tag = "kill" if kill else "clean"
-    procs = [stack.start_sidecar(config, name=f"sidecar-{backend}-{tag}-{i}")
-             for i in range(sidecars)]
+    procs = [
+        stack.start_sidecar(config, name=f"sidecar-{backend}-{tag}-{i}") for i in range(sidecars)
+    ]
     victim = procs[0].proc.pid if kill else None
     got = asyncio.run(_race([p.url for p in procs], tenant, creates, victim, KILL_AFTER))
     killed_at = time.monotonic()
@@ -351,29 +433,60 @@ def _race_round(stack: Stack, store_url: str, policies: Path, tokens: Path, back
     survivor = procs[-1]
     used, in_progress = _show(survivor.url, tenant)
     row: dict[str, Any] = {
-        "backend": backend, "round": "sigkill+reconcile" if kill else "clean",
-        "sidecars": sidecars, "creates": creates, "limit": limit,
-        "admitted": codes.get(201, 0), "refused_quota_exceeded": quota_403,
+        "backend": backend,
+        "round": "sigkill+reconcile" if kill else "clean",
+        "sidecars": sidecars,
+        "creates": creates,
+        "limit": limit,
+        "admitted": codes.get(201, 0),
+        "refused_quota_exceeded": quota_403,
         "other": sum(v for k, v in codes.items() if k not in (201, 403)),
-        "store_objects": real, "ledger_used": used, "ledger_in_progress": in_progress,
+        "store_objects": real,
+        "ledger_used": used,
+        "ledger_in_progress": in_progress,
         "statuses": " ".join(f"{k}:{v}" for k, v in sorted(codes.items())),
     }
     if not kill:
-        row["pass"] = (row["admitted"] == limit and real == limit and used == limit
-                       and in_progress == 0 and quota_403 == creates - limit)
+        row["pass"] = (
+            row["admitted"] == limit
+            and real == limit
+            and used == limit
+            and in_progress == 0
+            and quota_403 == creates - limit
+        )
     else:
         assert survivor.config is not None
         done = subprocess.run(
-            [sys.executable, "-m", "sidecar.cli", "quota", "reconcile", "--config",
-             str(survivor.config), "--tenant", tenant],
-            cwd=str(ROOT), capture_output=True, text=True, timeout=60, check=False)
+            [
+                sys.executable,
+                "-m",
+                "sidecar.cli",
+                "quota",
+                "reconcile",
+                "--config",
+                str(survivor.config),
+                "--tenant",
+                tenant,
+            ],
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         (stack.work / f"reconcile-{backend}.log").write_text(done.stdout + done.stderr)
         time.sleep(max(0.0, killed_at + FAULT_TTL + 0.5 - time.monotonic()))
         used_after, in_progress_after = _show(survivor.url, tenant)
-        row.update({"reconcile_exit": done.returncode, "used_after_reconcile": used_after,
-                    "in_progress_after_ttl": in_progress_after})
-        row["pass"] = (real <= limit and done.returncode == 0 and used_after == real
-                       and in_progress_after == 0)
+        row.update(
+            {
+                "reconcile_exit": done.returncode,
+                "used_after_reconcile": used_after,
+                "in_progress_after_ttl": in_progress_after,
+            }
+        )
+        row["pass"] = (
+            real <= limit and done.returncode == 0 and used_after == real and in_progress_after == 0
+        )
     for p in procs:
         p.stop()
     return row, got
@@ -390,8 +503,9 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
         backends.append("redis")
     else:
         skipped = f"redis: skipped, no Redis at {REDIS_URL}"
-    tenant_of = {(b, k): f"race{'k' if k else ''}-{b}-{opts.run_id}"
-                 for b in backends for k in (False, True)}
+    tenant_of = {
+        (b, k): f"race{'k' if k else ''}-{b}-{opts.run_id}" for b in backends for k in (False, True)
+    }
     tenants = list(tenant_of.values())
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
@@ -400,21 +514,42 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
         for t in tenants:
             seed_tenant(store.url, t)
         docs = member_policies(tenants)
-        docs.append({"kind": "QuotaDefaults", "metadata": {"name": "defaults"},
-                     "spec": {"hard": {"servers": 1000}}})
+        docs.append(
+            {
+                "kind": "QuotaDefaults",
+                "metadata": {"name": "defaults"},
+                "spec": {"hard": {"servers": 1000}},
+            }
+        )
         for t in tenants:
-            docs.append({"kind": "TenantResourceQuota", "metadata": {"name": t, "tenant": t},
-                         "spec": {"hard": {"servers": limit}}})
+            docs.append(
+                {
+                    "kind": "TenantResourceQuota",
+                    "metadata": {"name": t, "tenant": t},
+                    "spec": {"hard": {"servers": limit}},
+                }
+            )
         policies = stack.write_policies(docs)
         tokens = stack.write_tokens(tokens_for(tenants))
         try:
             for backend in backends:
-                ledger = (f"sqlite:///{stack.work / 'ledger.db'}" if backend == "sqlite"
-                          else REDIS_URL)
+                ledger = (
+                    f"sqlite:///{stack.work / 'ledger.db'}" if backend == "sqlite" else REDIS_URL
+                )
                 for kill in (False, True):
-                    row, got = _race_round(stack, store.url, policies, tokens, backend, ledger,
-                                           tenant_of[(backend, kill)], creates, limit,
-                                           sidecars, kill)
+                    row, got = _race_round(
+                        stack,
+                        store.url,
+                        policies,
+                        tokens,
+                        backend,
+                        ledger,
+                        tenant_of[(backend, kill)],
+                        creates,
+                        limit,
+                        sidecars,
+                        kill,
+                    )
                     rows.append(row)
                     records += got
         finally:
@@ -423,32 +558,44 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
     all_ok = bool(rows) and all(bool(r["pass"]) for r in rows)
     report.write_rows(out / "quota-race.csv", rows)
     report.write_records(out / "quota-race-requests.csv", records)
-    report.chart_bars(out / "quota-race.png", [f"{r['backend']} {r['round']}" for r in rows],
-                      {"limit": [float(r["limit"]) for r in rows],
-                       "admitted (201)": [float(r["admitted"]) for r in rows],
-                       "store objects": [float(r["store_objects"]) for r in rows],
-                       "ledger used": [float(r["ledger_used"]) for r in rows],
-                       "used after reconcile": [float(r.get("used_after_reconcile", math.nan))
-                                                for r in rows]},
-                      f"quota-race: {creates} concurrent creates via {sidecars} sidecars",
-                      "servers")
-    lines = [f"{creates} concurrent creates of servers through {sidecars} sidecar processes "
-             f"sharing one ledger; tenant quota servers={limit}. Round 'sigkill': one sidecar "
-             f"is SIGKILLed after {KILL_AFTER} answers, then `sidecar quota reconcile`, "
-             f"then the reservation TTL ({FAULT_TTL:g} s) passes.", ""]
-    lines.append(f"{'backend':7} {'round':8} {'201':>4} {'limit':>5} {'403q':>5} {'other':>5} "
-                 f"{'store':>5} {'used':>5} {'inprog':>6} {'used*':>5} {'inprog*':>7}  verdict")
+    report.chart_bars(
+        out / "quota-race.png",
+        [f"{r['backend']} {r['round']}" for r in rows],
+        {
+            "limit": [float(r["limit"]) for r in rows],
+            "admitted (201)": [float(r["admitted"]) for r in rows],
+            "store objects": [float(r["store_objects"]) for r in rows],
+            "ledger used": [float(r["ledger_used"]) for r in rows],
+            "used after reconcile": [float(r.get("used_after_reconcile", math.nan)) for r in rows],
+        },
+        f"quota-race: {creates} concurrent creates via {sidecars} sidecars",
+        "servers",
+    )
+    lines = [
+        f"{creates} concurrent creates of servers through {sidecars} sidecar processes "
+        f"sharing one ledger; tenant quota servers={limit}. Round 'sigkill': one sidecar "
+        f"is SIGKILLed after {KILL_AFTER} answers, then `sidecar quota reconcile`, "
+        f"then the reservation TTL ({FAULT_TTL:g} s) passes.",
+        "",
+    ]
+    lines.append(
+        f"{'backend':7} {'round':8} {'201':>4} {'limit':>5} {'403q':>5} {'other':>5} "
+        f"{'store':>5} {'used':>5} {'inprog':>6} {'used*':>5} {'inprog*':>7}  verdict"
+    )
     for r in rows:
         lines.append(
             f"{r['backend']:7} {r['round'].split('+')[0]:8} {r['admitted']:4d} {r['limit']:5d} "
             f"{r['refused_quota_exceeded']:5d} {r['other']:5d} {r['store_objects']:5d} "
             f"{r['ledger_used']:5d} {r['ledger_in_progress']:6d} "
             f"{r.get('used_after_reconcile', ''):>5} {r.get('in_progress_after_ttl', ''):>7}  "
-            f"{_verdict(bool(r['pass']))}")
-    lines += ["store = the backing store's real object count; used / inprog = the ledger "
-              "right after the race; used* after reconcile, inprog* after the TTL.",
-              "clean passes when exactly `limit` are admitted and store = used = limit; "
-              "sigkill passes when store <= limit and reconcile brings used back to store."]
+            f"{_verdict(bool(r['pass']))}"
+        )
+    lines += [
+        "store = the backing store's real object count; used / inprog = the ledger "
+        "right after the race; used* after reconcile, inprog* after the TTL.",
+        "clean passes when exactly `limit` are admitted and store = used = limit; "
+        "sigkill passes when store <= limit and reconcile brings used back to store.",
+    ]
     if skipped:
         lines.append(skipped)
     lines += ["", f"overall: {_verdict(all_ok)}"]
@@ -467,6 +614,7 @@ def _quota_row(shown: Any, resource: str = "servers") -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------ mix
 
+
 def mix(out: Path, opts: Options) -> tuple[str, bool]:
     """The locustfile's tenant users (list/get/create/delete/tag) through one sidecar."""
     seconds, scale = opts.seconds, opts.scale
@@ -480,41 +628,93 @@ def mix(out: Path, opts: Options) -> tuple[str, bool]:
                 seed_server(store.url, t, f"web-{i}")
         docs = member_policies(tenants)
         docs += [rate_limit_doc("*", 500, 500)]
-        docs.append({"kind": "QuotaDefaults", "metadata": {"name": "defaults"},
-                     "spec": {"hard": {"servers": 100000}}})
+        docs.append(
+            {
+                "kind": "QuotaDefaults",
+                "metadata": {"name": "defaults"},
+                "spec": {"hard": {"servers": 100000}},
+            }
+        )
         policies = stack.write_policies(docs)
         tokens = stack.write_tokens(tokens_for(tenants))
         sidecar = stack.start_sidecar(
-            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers)
+            _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers
+        )
         tenants_file = stack.work / "tenants.json"
-        tenants_file.write_text(json.dumps({"tenants": [
-            {"name": t, "token": f"token-{t}", "namespace": "dev"} for t in tenants]}))
+        tenants_file.write_text(
+            json.dumps(
+                {
+                    "tenants": [
+                        {"name": t, "token": f"token-{t}", "namespace": "dev"} for t in tenants
+                    ]
+                }
+            )
+        )
         env = dict(os.environ, LOADTEST_TENANTS=str(tenants_file))
-        cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
-               "--headless", "--users", str(users), "--spawn-rate", str(users),
-               "--run-time", f"{max(1, round(seconds))}s", "--host", sidecar.url,
-               "--csv", str(out / "mix"), "--only-summary", "--stop-timeout", "2",
-               "--loglevel", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "loadtests" / "locustfile.py"),
+            "--headless",
+            "--users",
+            str(users),
+            "--spawn-rate",
+            str(users),
+            "--run-time",
+            f"{max(1, round(seconds))}s",
+            "--host",
+            sidecar.url,
+            "--csv",
+            str(out / "mix"),
+            "--only-summary",
+            "--stop-timeout",
+            "2",
+            "--loglevel",
+            "WARNING",
+        ]
         with open(stack.work / "locust.log", "wb") as log:
-            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                           timeout=seconds + 60, check=False)
+            subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=seconds + 60,
+                check=False,
+            )
     stats_path = out / "mix_stats.csv"
     rows = list(csv.DictReader(stats_path.open())) if stats_path.exists() else []
-    lines = [f"locust: {users} users over {len(tenants)} tenants for {seconds:g} s", "",
-             f"{'request':34} {'count':>6} {'fail':>5} {'rps':>7} {'p50ms':>6} {'p99ms':>6}"]
+    lines = [
+        f"locust: {users} users over {len(tenants)} tenants for {seconds:g} s",
+        "",
+        f"{'request':34} {'count':>6} {'fail':>5} {'rps':>7} {'p50ms':>6} {'p99ms':>6}",
+    ]
     for r in rows:
-        lines.append(f"{(r['Type'] + ' ' + r['Name'])[:34]:34} {r['Request Count']:>6} "
-                     f"{r['Failure Count']:>5} {float(r['Requests/s']):7.1f} "
-                     f"{r['50%']:>6} {r['99%']:>6}")
+        lines.append(
+            f"{(r['Type'] + ' ' + r['Name'])[:34]:34} {r['Request Count']:>6} "
+            f"{r['Failure Count']:>5} {float(r['Requests/s']):7.1f} "
+            f"{r['50%']:>6} {r['99%']:>6}"
+        )
     named = [r for r in rows if r["Name"] != "Aggregated"]
     if named:
-        report.chart_bars(out / "mix-requests.png", [r["Name"] for r in named],
-                          {"requests/s": [float(r["Requests/s"]) for r in named]},
-                          "mix: requests/s per tenant and call", "requests / s")
-        report.chart_bars(out / "mix-latency.png", [r["Name"] for r in named],
-                          {"p50": [float(r["50%"] or 0) for r in named],
-                           "p99": [float(r["99%"] or 0) for r in named]},
-                          "mix: latency per tenant and call", "ms")
+        report.chart_bars(
+            out / "mix-requests.png",
+            [r["Name"] for r in named],
+            {"requests/s": [float(r["Requests/s"]) for r in named]},
+            "mix: requests/s per tenant and call",
+            "requests / s",
+        )
+        report.chart_bars(
+            out / "mix-latency.png",
+            [r["Name"] for r in named],
+            {
+                "p50": [float(r["50%"] or 0) for r in named],
+                "p99": [float(r["99%"] or 0) for r in named],
+            },
+            "mix: latency per tenant and call",
+            "ms",
+        )
     ok = bool(rows)
     if not ok:
         lines.append("locust wrote no statistics; see work-mix/locust.log")

@@ -123,7 +123,11 @@ class Stack:
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(ROOT),
+                env=env,
                 start_new_session=True,
             )
         proc = Proc(name, popen, port, log_path)
@@ -136,8 +140,9 @@ class Stack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.proc.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}:\n"
-                                   f"{proc.log_tail()}")
+                raise RuntimeError(
+                    f"{proc.name} exited with {proc.proc.returncode}:\n{proc.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(proc.url + path, timeout=1) as resp:
                     if resp.status == 200:
@@ -145,20 +150,31 @@ class Stack:
             except (OSError, urllib.error.HTTPError):
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"{proc.name} not ready on {path} after {timeout}s:\n"
-                           f"{proc.log_tail()}")
+        raise RuntimeError(f"{proc.name} not ready on {path} after {timeout}s:\n{proc.log_tail()}")
 
     def start_store(self, name: str = "store") -> Proc:
         port = free_port()
         db = self.work / f"{name}.db"
-        args = [sys.executable, "-m", "backing_store", "--host", "127.0.0.1",
-                "--port", str(port), "--db", str(db)]
+        args = [
+            sys.executable,
+            "-m",
+            "backing_store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--db",
+            str(db),
+        ]
         proc = self._spawn(name, args, port)
         self.wait_ready(proc, "/healthz")
         return proc
 
     def start_sidecar(
-        self, config: dict[str, Any], name: str = "sidecar", workers: int = 1,
+        self,
+        config: dict[str, Any],
+        name: str = "sidecar",
+        workers: int = 1,
         wrapper: list[str] | None = None,
     ) -> Proc:
         """`sidecar serve --config` on a free port; `wrapper` prefixes the python
@@ -172,8 +188,17 @@ class Stack:
         cfg["limits"] = limits
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        args = [sys.executable, *(wrapper or []), "-m", "sidecar.cli", "serve",
-                "--config", str(path), "--log-level", "WARNING"]
+        args = [
+            sys.executable,
+            *(wrapper or []),
+            "-m",
+            "sidecar.cli",
+            "serve",
+            "--config",
+            str(path),
+            "--log-level",
+            "WARNING",
+        ]
         if workers > 1:
             args += ["--workers", str(workers)]
         proc = self._spawn(name, args, port)
@@ -181,8 +206,9 @@ class Stack:
         self.wait_ready(proc, "/readyz")
         return proc
 
-    def start_command(self, name: str, args: list[str], port: int,
-                      ready_path: str | None = "/healthz") -> Proc:
+    def start_command(
+        self, name: str, args: list[str], port: int, ready_path: str | None = "/healthz"
+    ) -> Proc:
         proc = self._spawn(name, args, port)
         if ready_path is not None:
             self.wait_ready(proc, ready_path)
@@ -210,8 +236,9 @@ def seed_tenant(store_url: str, tenant: str, namespace: str = "dev") -> None:
     status, body = http("POST", f"{store_url}/api/v1/tenants", {"metadata": {"name": tenant}})
     if status not in (201, 409):
         raise RuntimeError(f"seeding tenant {tenant}: {status} {body}")
-    status, body = http("POST", f"{store_url}/api/v1/tenants/{tenant}/namespaces",
-                        {"metadata": {"name": namespace}})
+    status, body = http(
+        "POST", f"{store_url}/api/v1/tenants/{tenant}/namespaces", {"metadata": {"name": namespace}}
+    )
     if status not in (201, 409):
         raise RuntimeError(f"seeding namespace {tenant}/{namespace}: {status} {body}")
 
@@ -221,8 +248,11 @@ def servers_path(tenant: str, namespace: str = "dev") -> str:
 
 
 def seed_server(store_url: str, tenant: str, name: str, namespace: str = "dev") -> None:
-    status, body = http("POST", store_url + servers_path(tenant, namespace),
-                        {"metadata": {"name": name}, "spec": {"flavor": "m1.small"}})
+    status, body = http(
+        "POST",
+        store_url + servers_path(tenant, namespace),
+        {"metadata": {"name": name}, "spec": {"flavor": "m1.small"}},
+    )
     if status not in (201, 409):
         raise RuntimeError(f"seeding server {tenant}/{name}: {status} {body}")
 
@@ -236,37 +266,57 @@ def count_servers(store_url: str, tenant: str, namespace: str = "dev") -> int:
 
 def member_policies(tenants: list[str]) -> list[dict[str, Any]]:
     """A realistic tenant policy: a `member` ClusterRole bound per tenant."""
-    docs: list[dict[str, Any]] = [{
-        "kind": "ClusterRole",
-        "metadata": {"name": "member"},
-        "rules": [
-            {"apiGroups": ["", "apps", "batch"],
-             "resources": ["pods", "services", "configmaps", "deployments", "jobs"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": ["compute"], "resources": ["servers", "servers/tags"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": ["container"], "resources": ["bays"],
-             "verbs": ["get", "list", "create", "delete"]},
-        ],
-    }]
+    docs: list[dict[str, Any]] = [
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "member"},
+            "rules": [
+                {
+                    "apiGroups": ["", "apps", "batch"],
+                    "resources": ["pods", "services", "configmaps", "deployments", "jobs"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                },
+                {
+                    "apiGroups": ["compute"],
+                    "resources": ["servers", "servers/tags"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                },
+                {
+                    "apiGroups": ["container"],
+                    "resources": ["bays"],
+                    "verbs": ["get", "list", "create", "delete"],
+                },
+            ],
+        }
+    ]
     for tenant in tenants:
-        docs.append({
-            "kind": "TenantRoleBinding",
-            "metadata": {"name": "members", "tenant": tenant},
-            "roleRef": {"kind": "ClusterRole", "name": "member"},
-            "subjects": [{"kind": "Group", "name": "members"}],
-        })
+        docs.append(
+            {
+                "kind": "TenantRoleBinding",
+                "metadata": {"name": "members", "tenant": tenant},
+                "roleRef": {"kind": "ClusterRole", "name": "member"},
+                "subjects": [{"kind": "Group", "name": "members"}],
+            }
+        )
     return docs
 
 
 def tokens_for(tenants: list[str]) -> list[dict[str, Any]]:
-    return [{"token": f"token-{t}", "user": f"user-{t}", "tenant": t, "groups": ["members"]}
-            for t in tenants]
+    return [
+        {"token": f"token-{t}", "user": f"user-{t}", "tenant": t, "groups": ["members"]}
+        for t in tenants
+    ]
 
 
-def rate_limit_doc(tenant: str, rate: float, burst: int, max_in_flight: int = 256,
-                   ) -> dict[str, Any]:
+def rate_limit_doc(
+    tenant: str,
+    rate: float,
+    burst: int,
+    max_in_flight: int = 256,
+) -> dict[str, Any]:
     name = "default" if tenant == "*" else tenant
-    return {"kind": "RateLimit", "metadata": {"name": name},
-            "spec": {"tenant": tenant, "rate": rate, "burst": burst,
-                     "maxInFlight": max_in_flight}}
+    return {
+        "kind": "RateLimit",
+        "metadata": {"name": name},
+        "spec": {"tenant": tenant, "rate": rate, "burst": burst, "maxInFlight": max_in_flight},
+    }

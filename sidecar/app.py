@@ -102,8 +102,12 @@ def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
         middlewares=[framing.guard],
     )
     app[RUNTIME_KEY] = rt
-    app.router.add_route("*", "/{tail:.*}", _dispatcher(rt, main_chain, quota_chain),
-                         expect_handler=framing.expect_handler)
+    app.router.add_route(
+        "*",
+        "/{tail:.*}",
+        _dispatcher(rt, main_chain, quota_chain),
+        expect_handler=framing.expect_handler,
+    )
 
     async def startup(_: web.Application) -> None:
         await audit.start()
@@ -158,8 +162,9 @@ def _dispatcher(
 async def _local(readiness: health.Readiness, path: str, method: str) -> web.StreamResponse:
     """`/healthz` and `/readyz`: answered here for every method, never forwarded."""
     if method not in ("GET", "HEAD"):
-        return StatusError(405, f"{path} answers GET only", headers={"Allow": "GET, HEAD"}
-                           ).response()
+        return StatusError(
+            405, f"{path} answers GET only", headers={"Allow": "GET, HEAD"}
+        ).response()
     if path == "/healthz":
         return health.healthz()
     return await readiness.response()

@@ -62,7 +62,10 @@ class Authorizer:
         if not (match.owner_only and target.name and target.verb != "create"):
             return engine.finish(match, identity, target), match
         obj = await self.owners.fetch(
-            self.rt.upstream.get_json, fetch_as or identity, target, request_id,
+            self.rt.upstream.get_json,
+            fetch_as or identity,
+            target,
+            request_id,
             fresh=target.verb not in READ_VERBS,
         )
         return self.cache.finish(engine, match, identity, target, obj or {}), match
@@ -94,14 +97,16 @@ class AuthorizeStage:
             refusal = self._refusal(identity, target, decision)
         else:
             try:
-                await self._apply_owner_rules(ctx, engine, match, identity, target, decision,
-                                              dry_run)
+                await self._apply_owner_rules(
+                    ctx, engine, match, identity, target, decision, dry_run
+                )
             except StatusError as exc:
                 if exc.code != 403:
                     raise
                 refusal = exc
-                decision = Decision("deny", exc.message, decision.revision,
-                                    decision.owner_field, decision.rule_id)
+                decision = Decision(
+                    "deny", exc.message, decision.revision, decision.owner_field, decision.rule_id
+                )
             if match.owner_only and target.name and target.verb not in READ_VERBS:
                 self.authz.owners.forget(identity, target)
         ctx.decision = decision
@@ -116,8 +121,14 @@ class AuthorizeStage:
         if refusal is not None and dry_run:
             metrics.child(metrics.decisions, label, "would_deny").inc()
             ctx.audit["authz"]["mode"] = DRY_RUN
-            log.info("dry-run: would deny %s %s for %s@%s: %s", target.verb, target.path,
-                     identity.user, identity.tenant, decision.reason)
+            log.info(
+                "dry-run: would deny %s %s for %s@%s: %s",
+                target.verb,
+                target.path,
+                identity.user,
+                identity.tenant,
+                decision.reason,
+            )
             return await call_next(ctx)
         metrics.child(metrics.decisions, label, decision.outcome).inc()
         if refusal is not None:
@@ -129,14 +140,24 @@ class AuthorizeStage:
     ) -> StatusError:
         if decision.outcome == "notfound":
             return not_found(target.resource, target.name)
-        if (target.resource_request and target.scope == Scope.CLUSTER
-                and identity.tenant != SYSTEM_TENANT and self.rt.config.conceal_other_tenants):
+        if (
+            target.resource_request
+            and target.scope == Scope.CLUSTER
+            and identity.tenant != SYSTEM_TENANT
+            and self.rt.config.conceal_other_tenants
+        ):
             return not_found(target.full_resource, target.name)
         return forbidden(forbidden_message(identity, target))
 
     async def _apply_owner_rules(
-        self, ctx: RequestContext, engine: PolicyEngine, match: Match, identity: Identity,
-        target: RequestTarget, decision: Decision, dry_run: bool,
+        self,
+        ctx: RequestContext,
+        engine: PolicyEngine,
+        match: Match,
+        identity: Identity,
+        target: RequestTarget,
+        decision: Decision,
+        dry_run: bool,
     ) -> None:
         """An allowed request: owner-filter a list granted by owner rules only; keep the
         owner of a written object to the caller's tenant unless a cluster-wide grant
@@ -152,14 +173,22 @@ class AuthorizeStage:
         if not fields:
             return
         doc = await ctx.read_json()
-        checked = enforce_owner(doc, tenant, fields, target.verb,
-                                patch_kind(ctx.request.method, ctx.request.content_type))
+        checked = enforce_owner(
+            doc,
+            tenant,
+            fields,
+            target.verb,
+            patch_kind(ctx.request.method, ctx.request.content_type),
+        )
         if not dry_run:
             ctx.body = json.dumps(checked).encode()
             ctx.parsed_body = checked
 
     async def _review(
-        self, ctx: RequestContext, engine: PolicyEngine, identity: Identity,
+        self,
+        ctx: RequestContext,
+        engine: PolicyEngine,
+        identity: Identity,
         target: RequestTarget,
     ) -> web.StreamResponse:
         kind = _REVIEW_KINDS[target.resource]
@@ -167,13 +196,13 @@ class AuthorizeStage:
         if target.resource == SUBJECT_REVIEW:
             own, _ = await self.authz.decide(engine, identity, target, ctx.request_id)
             self.rt.metrics.decisions.labels(
-                tenant=self.rt.metrics.tenant(identity.tenant), outcome=own.outcome).inc()
+                tenant=self.rt.metrics.tenant(identity.tenant), outcome=own.outcome
+            ).inc()
             ctx.decision = own
             if not own.allowed:
                 raise forbidden(forbidden_message(identity, target))
         else:
-            ctx.decision = Decision("allow", "anyone may review their own access",
-                                    engine.revision)
+            ctx.decision = Decision("allow", "anyone may review their own access", engine.revision)
         body = await ctx.read_json()
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
@@ -184,13 +213,18 @@ class AuthorizeStage:
         if target.resource == SUBJECT_REVIEW:
             subject = _review_subject(spec, tenant)
         asked = review_target(spec, tenant)
-        decision, _ = await self.authz.decide(engine, subject, asked, ctx.request_id,
-                                              fetch_as=identity)
+        decision, _ = await self.authz.decide(
+            engine, subject, asked, ctx.request_id, fetch_as=identity
+        )
         status: dict[str, Any] = {"allowed": decision.allowed, "reason": decision.reason}
         if not decision.allowed:
             status["denied"] = True
-        ctx.audit["authz"] = {"decision": "allow", "review": decision.outcome,
-                              "reason": decision.reason, "revision": decision.revision}
+        ctx.audit["authz"] = {
+            "decision": "allow",
+            "review": decision.outcome,
+            "reason": decision.reason,
+            "revision": decision.revision,
+        }
         answer = {
             "kind": kind,
             "apiVersion": f"{REVIEW_GROUP}/{target.api_version or 'v1'}",
@@ -213,14 +247,21 @@ def forbidden_message(identity: Identity, target: RequestTarget) -> str:
         where = f' in tenant "{target.tenant}"'
     elif target.scope == Scope.CLUSTER:
         where = " at the cluster scope"
-    return (f'{what} is forbidden: {user} cannot {target.verb} resource '
-            f'"{target.full_resource}" in API group "{target.api_group}"{where}')
+    return (
+        f"{what} is forbidden: {user} cannot {target.verb} resource "
+        f'"{target.full_resource}" in API group "{target.api_group}"{where}'
+    )
 
 
 def _is_review(target: RequestTarget) -> bool:
-    return (target.resource_request and target.api_group == REVIEW_GROUP
-            and target.resource in _REVIEW_KINDS and target.scope == Scope.TENANT
-            and not target.name and target.verb == "create")
+    return (
+        target.resource_request
+        and target.api_group == REVIEW_GROUP
+        and target.resource in _REVIEW_KINDS
+        and target.scope == Scope.TENANT
+        and not target.name
+        and target.verb == "create"
+    )
 
 
 def _str(d: dict[str, Any], key: str, *, required: bool = False) -> str:
@@ -253,8 +294,9 @@ def review_target(spec: dict[str, Any], tenant: str) -> RequestTarget:
         if not isinstance(url_attrs, dict):
             raise bad_request("nonResourceAttributes must be an object")
         path = _str(url_attrs, "path", required=True)
-        return RequestTarget(path=path, verb=_str(url_attrs, "verb", required=True).lower(),
-                             resource_request=False)
+        return RequestTarget(
+            path=path, verb=_str(url_attrs, "verb", required=True).lower(), resource_request=False
+        )
     if not isinstance(res_attrs, dict):
         raise bad_request("resourceAttributes must be an object")
     verb = _str(res_attrs, "verb", required=True)

@@ -29,8 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="run the backing store and the sidecar with demo data")
     demo.add_argument("--policies", default=None, help="policy directory (default: policies/)")
-    demo.add_argument("--seconds", type=float, default=0,
-                      help="stop after this many seconds (default: run until Ctrl-C)")
+    demo.add_argument(
+        "--seconds",
+        type=float,
+        default=0,
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
     demo.set_defaults(func=_demo)
 
     from sidecar.policy import commands as policy_commands
@@ -136,30 +140,29 @@ async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
     grace = config.limits.shutdown_grace_seconds
     runners: list[web.AppRunner] = []  # those set up, to clean up
     try:
-        main = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace,
-                             access_log=None)
+        main = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
         await main.setup()
         runners.append(main)
-        site = web.TCPSite(main, host, port, shutdown_timeout=grace,
-                           reuse_port=reuse_port or None)
+        site = web.TCPSite(main, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None)
         await _start_site(site, config.listen)
         if config.metrics_listen:
             # /metrics without credentials for a scraper, on its own address (§9).
             mhost, _, mport = config.metrics_listen.rpartition(":")
-            scrape = web.AppRunner(build_metrics_app(app[RUNTIME_KEY]),
-                                   handle_signals=False, access_log=None)
+            scrape = web.AppRunner(
+                build_metrics_app(app[RUNTIME_KEY]), handle_signals=False, access_log=None
+            )
             await scrape.setup()
             runners.append(scrape)
-            msite = web.TCPSite(scrape, mhost.strip("[]"), int(mport),
-                                reuse_port=reuse_port or None)
+            msite = web.TCPSite(
+                scrape, mhost.strip("[]"), int(mport), reuse_port=reuse_port or None
+            )
             await _start_site(msite, config.metrics_listen)
             log.info("metrics (no credentials) on %s", config.metrics_listen)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("sidecar listening on %s:%d, upstream %s", host, port,
-                 redact_url(config.upstream))
+        log.info("sidecar listening on %s:%d, upstream %s", host, port, redact_url(config.upstream))
         await stop.wait()
         log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
     finally:

@@ -95,7 +95,6 @@ class RequestContext:
         self.body = b"".join(chunks)
         return self.body
 
-
     async def read_json(self) -> Any:
         """The request body parsed as JSON (None when empty), for stages that must read
         it (quota-tracked and owner-checked writes, access reviews). DESIGN §7: another
@@ -114,8 +113,14 @@ class RequestContext:
         return value
 
 
-_JSON_TYPES = frozenset({"application/json", "application/merge-patch+json",
-                         "application/json-patch+json", "application/strategic-merge-patch+json"})
+_JSON_TYPES = frozenset(
+    {
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+    }
+)
 
 
 def check_json_media(request: web.BaseRequest) -> None:
@@ -123,14 +128,16 @@ def check_json_media(request: web.BaseRequest) -> None:
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding and encoding != "identity":
         raise StatusError(
-            415, f"the sidecar must read this request body and accepts no Content-Encoding "
-            f"(got {encoding!r}); send it uncompressed"
+            415,
+            f"the sidecar must read this request body and accepts no Content-Encoding "
+            f"(got {encoding!r}); send it uncompressed",
         )
     ctype = request.content_type  # "application/octet-stream" when absent
     if "Content-Type" in request.headers and ctype not in _JSON_TYPES:
         raise StatusError(
-            415, f"the sidecar must read this request body and accepts JSON only "
-            f"(got Content-Type {ctype!r})"
+            415,
+            f"the sidecar must read this request body and accepts JSON only "
+            f"(got Content-Type {ctype!r})",
         )
 
 

@@ -29,28 +29,53 @@ import yaml
 # dave administers beta, admin is a cluster admin.
 DEMO_TOKENS = [
     {"token": "demo-admin", "user": "admin", "tenant": "system", "groups": ["cluster-admins"]},
-    {"token": "demo-alice", "user": "alice", "tenant": "acme",
-     "groups": ["tenant-admins", "node-owners"]},
+    {
+        "token": "demo-alice",
+        "user": "alice",
+        "tenant": "acme",
+        "groups": ["tenant-admins", "node-owners"],
+    },
     {"token": "demo-dave", "user": "dave", "tenant": "beta", "groups": ["tenant-admins"]},
 ]
 
 SEED: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/api/v1/tenants", {"metadata": {"name": "acme"}}),
     ("POST", "/api/v1/tenants", {"metadata": {"name": "beta"}}),
-    ("POST", "/apis/compute/v1/tenants/acme/namespaces/default/servers",
-     {"metadata": {"name": "web-1"}, "tags": ["prod", "web"], "spec": {"flavor": "m1.small"}}),
-    ("POST", "/apis/compute/v1/tenants/acme/namespaces/default/servers",
-     {"metadata": {"name": "db-1"}, "tags": ["prod", "db"], "spec": {"flavor": "m1.large"}}),
-    ("POST", "/apis/compute/v1/tenants/beta/namespaces/default/servers",
-     {"metadata": {"name": "api-1"}, "tags": ["staging"], "spec": {"flavor": "m1.small"}}),
-    ("POST", "/api/v1/nodes",
-     {"metadata": {"name": "node-a1"}, "spec": {"owner": "acme", "resource_class": "bm-small"}}),
-    ("POST", "/api/v1/nodes",
-     {"metadata": {"name": "node-a2"}, "spec": {"owner": "acme", "resource_class": "bm-large"}}),
-    ("POST", "/api/v1/nodes",
-     {"metadata": {"name": "node-b1"}, "spec": {"owner": "beta", "resource_class": "bm-small"}}),
-    ("POST", "/api/v1/nodes",
-     {"metadata": {"name": "node-free"}, "spec": {"owner": None, "resource_class": "bm-small"}}),
+    (
+        "POST",
+        "/apis/compute/v1/tenants/acme/namespaces/default/servers",
+        {"metadata": {"name": "web-1"}, "tags": ["prod", "web"], "spec": {"flavor": "m1.small"}},
+    ),
+    (
+        "POST",
+        "/apis/compute/v1/tenants/acme/namespaces/default/servers",
+        {"metadata": {"name": "db-1"}, "tags": ["prod", "db"], "spec": {"flavor": "m1.large"}},
+    ),
+    (
+        "POST",
+        "/apis/compute/v1/tenants/beta/namespaces/default/servers",
+        {"metadata": {"name": "api-1"}, "tags": ["staging"], "spec": {"flavor": "m1.small"}},
+    ),
+    (
+        "POST",
+        "/api/v1/nodes",
+        {"metadata": {"name": "node-a1"}, "spec": {"owner": "acme", "resource_class": "bm-small"}},
+    ),
+    (
+        "POST",
+        "/api/v1/nodes",
+        {"metadata": {"name": "node-a2"}, "spec": {"owner": "acme", "resource_class": "bm-large"}},
+    ),
+    (
+        "POST",
+        "/api/v1/nodes",
+        {"metadata": {"name": "node-b1"}, "spec": {"owner": "beta", "resource_class": "bm-small"}},
+    ),
+    (
+        "POST",
+        "/api/v1/nodes",
+        {"metadata": {"name": "node-free"}, "spec": {"owner": None, "resource_class": "bm-small"}},
+    ),
 ]
 
 
@@ -73,16 +98,36 @@ def run(args: argparse.Namespace) -> int:
             "audit": {"path": str(work / "audit.log")},
         }
         (work / "sidecar.yaml").write_text(yaml.safe_dump(config))
-        procs.append(_spawn(
-            [sys.executable, "-m", "backing_store", "--host", "127.0.0.1",
-             "--port", str(store_port), "--db", str(work / "store.db")],
-            work / "store.log",
-        ))
+        procs.append(
+            _spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "backing_store",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(store_port),
+                    "--db",
+                    str(work / "store.db"),
+                ],
+                work / "store.log",
+            )
+        )
         _wait(f"http://127.0.0.1:{store_port}/healthz", procs[-1], work / "store.log")
-        procs.append(_spawn(
-            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(work / "sidecar.yaml")],
-            work / "sidecar.log",
-        ))
+        procs.append(
+            _spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar.cli",
+                    "serve",
+                    "--config",
+                    str(work / "sidecar.yaml"),
+                ],
+                work / "sidecar.log",
+            )
+        )
         base = f"http://127.0.0.1:{sidecar_port}"
         _wait(f"{base}/healthz", procs[-1], work / "sidecar.log")
         for method, path, body in SEED:
@@ -113,7 +158,7 @@ def _print_banner(base: str, work: Path) -> None:
         f"curl -s {alice} '{base}{servers.format(t='acme')}?tags=prod'",
         "# alice creates a server (counted against acme's quota):",
         f"curl -s {alice} -X POST -H 'Content-Type: application/json' "
-        f"-d '{{\"metadata\":{{\"name\":\"web-2\"}},\"tags\":[\"new\"]}}' "
+        f'-d \'{{"metadata":{{"name":"web-2"}},"tags":["new"]}}\' '
         f"{base}{servers.format(t='acme')}",
         "# alice tries tenant beta: 404, exactly as if beta did not exist:",
         f"curl -s {alice} {base}{servers.format(t='beta')}",
@@ -159,7 +204,9 @@ def _wait_for_stop(seconds: float, procs: list[subprocess.Popen[bytes]]) -> None
 def _call(base: str, method: str, path: str, body: Any, token: str) -> int:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
-        base + path, data=data, method=method,
+        base + path,
+        data=data,
+        method=method,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     try:
@@ -179,8 +226,7 @@ def _free_port() -> int:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 20.0) -> None:

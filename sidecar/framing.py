@@ -52,8 +52,9 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
     if expect == "100-continue":
         request[_EXPECT_KEY] = _Expecting()
         return None
-    response = _status(417, "ExpectationFailed",
-                       "the only expectation the sidecar supports is 100-continue")
+    response = _status(
+        417, "ExpectationFailed", "the only expectation the sidecar supports is 100-continue"
+    )
     await _answer_and_close(request, response)
     return response
 
@@ -84,8 +85,9 @@ def _target_error(request: web.Request) -> web.Response | None:
         return _status(405, "MethodNotAllowed", "CONNECT is not supported")
     raw = request.raw_path
     if not raw.startswith("/") or raw.startswith("//"):
-        return _status(400, "BadRequest",
-                       "the request target must be a path starting with a single '/'")
+        return _status(
+            400, "BadRequest", "the request target must be a path starting with a single '/'"
+        )
     return None
 
 

@@ -88,8 +88,7 @@ class Readiness:
 
 def metrics_response(rt: Runtime, method: str) -> web.Response:
     if method not in ("GET", "HEAD"):
-        raise StatusError(405, f"{METRICS_PATH} answers GET only",
-                          headers={"Allow": "GET, HEAD"})
+        raise StatusError(405, f"{METRICS_PATH} answers GET only", headers={"Allow": "GET, HEAD"})
     return web.Response(body=rt.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
@@ -108,8 +107,10 @@ def metrics_terminal(rt: Runtime, forward: Handler) -> Handler:
             # Dry-run lets a would-deny through to the upstream; never to the metrics,
             # which name every tenant (the same reason isolation is never dry-run).
             if ctx.decision is None or not ctx.decision.allowed:
-                raise forbidden(f"{METRICS_PATH} needs a grant of nonResourceURLs "
-                                f"[{METRICS_PATH}], verb get (dry-run does not apply)")
+                raise forbidden(
+                    f"{METRICS_PATH} needs a grant of nonResourceURLs "
+                    f"[{METRICS_PATH}], verb get (dry-run does not apply)"
+                )
             return metrics_response(rt, ctx.request.method)
         return await forward(ctx)
 

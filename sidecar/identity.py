@@ -198,8 +198,7 @@ def _jwks_keys(path: str, allowed: frozenset[str]) -> list[VerificationKey]:
         if declared is not None:
             if declared not in family:
                 raise ConfigError(
-                    f"{where}: keys[{i}] declares alg {declared!r}, which is not for a "
-                    f"{kty} key"
+                    f"{where}: keys[{i}] declares alg {declared!r}, which is not for a {kty} key"
                 )
             family = frozenset({declared})
         algorithms = family & allowed
@@ -210,8 +209,9 @@ def _jwks_keys(path: str, allowed: frozenset[str]) -> list[VerificationKey]:
         except (jwt.InvalidKeyError, ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"{where}: keys[{i}] is not a valid key: {exc}") from None
         kid = jwk.get("kid")
-        keys.append(VerificationKey(key, algorithms, kid if isinstance(kid, str) else None,
-                                    f"{path}#{i}"))
+        keys.append(
+            VerificationKey(key, algorithms, kid if isinstance(kid, str) else None, f"{path}#{i}")
+        )
     if not keys:
         raise ConfigError(
             f"{where}: no signing key usable with identity.jwt.algorithms {sorted(allowed)}"
@@ -353,8 +353,9 @@ class JwtAuthenticator:
                 raise _reject("the token's issuer is not accepted") from None
             except jwt.MissingRequiredClaimError as exc:
                 if exc.claim == "exp":
-                    raise _reject("the token has no 'exp' claim: tokens must expire "
-                                  "(identity.jwt.requireExp)") from None
+                    raise _reject(
+                        "the token has no 'exp' claim: tokens must expire (identity.jwt.requireExp)"
+                    ) from None
                 raise _reject(f"the token has no {exc.claim!r} claim") from None
             except jwt.InvalidKeyError:
                 continue
@@ -434,8 +435,7 @@ def load_token_file(path: str) -> dict[bytes, Identity]:
         if not isinstance(token, str) or not _BEARER.match(token):
             raise ConfigError(f"{item}: token must be a non-empty bearer token string")
         if not isinstance(user, str) or not _printable(user):
-            raise ConfigError(f"{item}: user must be a non-empty string without control "
-                              "characters")
+            raise ConfigError(f"{item}: user must be a non-empty string without control characters")
         if not isinstance(tenant, str) or not is_dns1123_label(tenant):
             raise ConfigError(f"{item}: tenant {tenant!r} is not a DNS-1123 label")
         if not isinstance(groups, list) or not all(
@@ -474,8 +474,7 @@ class TrustedHeaderAuthenticator:
                 networks.append(ipaddress.ip_network(client.strip(), strict=False))
             except ValueError:
                 raise ConfigError(
-                    f"identity.trustedHeaders.clients[{i}]: {client!r} is not an IP address "
-                    "or CIDR"
+                    f"identity.trustedHeaders.clients[{i}]: {client!r} is not an IP address or CIDR"
                 ) from None
         self.networks = tuple(networks)
 
@@ -504,9 +503,7 @@ class TrustedHeaderAuthenticator:
         if len(tenants) != 1:
             raise _reject("the front proxy must send exactly one X-Remote-Tenant")
         tenant = _tenant(tenants[0].strip(), "the X-Remote-Tenant header")
-        groups = tuple(
-            g.strip() for g in headers.getall("X-Remote-Group", []) if g.strip()
-        )
+        groups = tuple(g.strip() for g in headers.getall("X-Remote-Group", []) if g.strip())
         if not all(_printable(g) for g in groups):
             raise _reject("an X-Remote-Group header is not a valid group name")
         return Identity(user, tenant, groups, TRUSTED)
@@ -581,8 +578,7 @@ def _strip_remote_headers(ctx: RequestContext) -> None:
     request = ctx.request
     if not any(name.lower().startswith(_REMOTE_PREFIX) for name in request.headers):
         return
-    kept = [(k, v) for k, v in request.headers.items()
-            if not k.lower().startswith(_REMOTE_PREFIX)]
+    kept = [(k, v) for k, v in request.headers.items() if not k.lower().startswith(_REMOTE_PREFIX)]
     ctx.audit["strippedRemoteHeaders"] = len(request.headers) - len(kept)
     try:
         ctx.request = request.clone(headers=kept)
@@ -617,8 +613,9 @@ class CredentialWatcher:
     The fingerprint is taken before the files are read, so a write that lands while
     they are being read changes it again and is read on the next poll."""
 
-    def __init__(self, stage: IdentityStage, cfg: IdentityConfig,
-                 interval: float = CREDENTIAL_POLL_SECONDS) -> None:
+    def __init__(
+        self, stage: IdentityStage, cfg: IdentityConfig, interval: float = CREDENTIAL_POLL_SECONDS
+    ) -> None:
         self.stage = stage
         self.cfg = cfg
         self.files = credential_files(cfg)
@@ -653,8 +650,9 @@ class CredentialWatcher:
             found = await asyncio.to_thread(build_authenticators, self.cfg)
         except ConfigError as exc:
             self.failed = True
-            log.warning("credential reload refused; the last good credentials stay in "
-                        "force: %s", exc)
+            log.warning(
+                "credential reload refused; the last good credentials stay in force: %s", exc
+            )
             return False
         self.stage.authenticators = tuple(found)
         if self.failed:
@@ -666,8 +664,9 @@ class CredentialWatcher:
 
     async def ready(self) -> tuple[bool, str]:
         if self.failed:
-            return False, ("credential reload failed (see the log); the last good "
-                           "credentials are in force")
+            return False, (
+                "credential reload failed (see the log); the last good credentials are in force"
+            )
         return True, "credentials loaded"
 
 

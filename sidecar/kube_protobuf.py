@@ -45,157 +45,218 @@ _AUTHN = "k8s.io.api.authentication.v1"
 # Rows are in the order the Kubernetes JSON shows the fields.
 _Row = tuple[str, int, str]
 _FILES: dict[str, tuple[str, list[str], dict[str, list[_Row]]]] = {
-    _RUNTIME: ("k8s.io/apimachinery/pkg/runtime/generated.proto", [], {
-        "TypeMeta": [("apiVersion", 1, "string"), ("kind", 2, "string")],
-        "Unknown": [
-            ("typeMeta", 1, f"{_RUNTIME}.TypeMeta"), ("raw", 2, "bytes"),
-            ("contentEncoding", 3, "string"), ("contentType", 4, "string"),
-        ],
-    }),
-    _META: ("k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto", [], {
-        "Time": [("seconds", 1, "int64"), ("nanos", 2, "int32")],
-        "FieldsV1": [("Raw", 1, "bytes")],
-        "OwnerReference": [
-            ("apiVersion", 5, "string"), ("kind", 1, "string"), ("name", 3, "string"),
-            ("uid", 4, "string"), ("controller", 6, "bool"),
-            ("blockOwnerDeletion", 7, "bool"),
-        ],
-        "ManagedFieldsEntry": [
-            ("manager", 1, "string"), ("operation", 2, "string"),
-            ("apiVersion", 3, "string"), ("time", 4, f"{_META}.Time"),
-            ("fieldsType", 6, "string"), ("fieldsV1", 7, f"{_META}.FieldsV1"),
-            ("subresource", 8, "string"),
-        ],
-        "ObjectMeta": [
-            ("name", 1, "string"), ("generateName", 2, "string"),
-            ("namespace", 3, "string"), ("selfLink", 4, "string"), ("uid", 5, "string"),
-            ("resourceVersion", 6, "string"), ("generation", 7, "int64"),
-            ("creationTimestamp", 8, f"{_META}.Time"),
-            ("deletionTimestamp", 9, f"{_META}.Time"),
-            ("deletionGracePeriodSeconds", 10, "int64"),
-            ("labels", 11, "map<string, string>"),
-            ("annotations", 12, "map<string, string>"),
-            ("ownerReferences", 13, f"repeated {_META}.OwnerReference"),
-            ("finalizers", 14, "repeated string"),
-            ("managedFields", 17, f"repeated {_META}.ManagedFieldsEntry"),
-        ],
-        "LabelSelectorRequirement": [
-            ("key", 1, "string"), ("operator", 2, "string"), ("values", 3, "repeated string"),
-        ],
-    }),
-    _CORE: ("k8s.io/api/core/v1/generated.proto", [_META], {
-        "ObjectReference": [
-            ("kind", 1, "string"), ("namespace", 2, "string"), ("name", 3, "string"),
-            ("uid", 4, "string"), ("apiVersion", 5, "string"),
-            ("resourceVersion", 6, "string"), ("fieldPath", 7, "string"),
-        ],
-        "LocalObjectReference": [("name", 1, "string")],
-        "ConfigMap": [
-            ("metadata", 1, f"{_META}.ObjectMeta"), ("immutable", 4, "bool"),
-            ("data", 2, "map<string, string>"), ("binaryData", 3, "map<string, bytes>"),
-        ],
-        "Secret": [
-            ("metadata", 1, f"{_META}.ObjectMeta"), ("immutable", 5, "bool"),
-            ("data", 2, "map<string, bytes>"), ("stringData", 4, "map<string, string>"),
-            ("type", 3, "string"),
-        ],
-        "NamespaceSpec": [("finalizers", 1, "repeated string")],
-        "NamespaceCondition": [
-            ("type", 1, "string"), ("status", 2, "string"),
-            ("lastTransitionTime", 4, f"{_META}.Time"), ("reason", 5, "string"),
-            ("message", 6, "string"),
-        ],
-        "NamespaceStatus": [
-            ("phase", 1, "string"),
-            ("conditions", 2, f"repeated {_CORE}.NamespaceCondition"),
-        ],
-        "Namespace": [
-            ("metadata", 1, f"{_META}.ObjectMeta"), ("spec", 2, f"{_CORE}.NamespaceSpec"),
-            ("status", 3, f"{_CORE}.NamespaceStatus"),
-        ],
-        "ServiceAccount": [
-            ("metadata", 1, f"{_META}.ObjectMeta"),
-            ("secrets", 2, f"repeated {_CORE}.ObjectReference"),
-            ("imagePullSecrets", 3, f"repeated {_CORE}.LocalObjectReference"),
-            ("automountServiceAccountToken", 4, "bool"),
-        ],
-    }),
-    _AUTHZ: ("k8s.io/api/authorization/v1/generated.proto", [_META], {
-        "ExtraValue": [("items", 1, "repeated string")],
-        "FieldSelectorRequirement": [
-            ("key", 1, "string"), ("operator", 2, "string"), ("values", 3, "repeated string"),
-        ],
-        "FieldSelectorAttributes": [
-            ("rawSelector", 1, "string"),
-            ("requirements", 2, f"repeated {_AUTHZ}.FieldSelectorRequirement"),
-        ],
-        "LabelSelectorAttributes": [
-            ("rawSelector", 1, "string"),
-            ("requirements", 2, f"repeated {_META}.LabelSelectorRequirement"),
-        ],
-        "ResourceAttributes": [
-            ("namespace", 1, "string"), ("verb", 2, "string"), ("group", 3, "string"),
-            ("version", 4, "string"), ("resource", 5, "string"),
-            ("subresource", 6, "string"), ("name", 7, "string"),
-            ("fieldSelector", 8, f"{_AUTHZ}.FieldSelectorAttributes"),
-            ("labelSelector", 9, f"{_AUTHZ}.LabelSelectorAttributes"),
-        ],
-        "NonResourceAttributes": [("path", 1, "string"), ("verb", 2, "string")],
-        "SelfSubjectAccessReviewSpec": [
-            ("resourceAttributes", 1, f"{_AUTHZ}.ResourceAttributes"),
-            ("nonResourceAttributes", 2, f"{_AUTHZ}.NonResourceAttributes"),
-        ],
-        "SubjectAccessReviewSpec": [
-            ("resourceAttributes", 1, f"{_AUTHZ}.ResourceAttributes"),
-            ("nonResourceAttributes", 2, f"{_AUTHZ}.NonResourceAttributes"),
-            ("user", 3, "string"), ("groups", 4, "repeated string"),
-            ("extra", 5, f"map<string, {_AUTHZ}.ExtraValue>"), ("uid", 6, "string"),
-        ],
-        "SubjectAccessReviewStatus": [
-            ("allowed", 1, "bool"), ("denied", 4, "bool"), ("reason", 2, "string"),
-            ("evaluationError", 3, "string"),
-        ],
-        "SelfSubjectAccessReview": [
-            ("metadata", 1, f"{_META}.ObjectMeta"),
-            ("spec", 2, f"{_AUTHZ}.SelfSubjectAccessReviewSpec"),
-            ("status", 3, f"{_AUTHZ}.SubjectAccessReviewStatus"),
-        ],
-        "SubjectAccessReview": [
-            ("metadata", 1, f"{_META}.ObjectMeta"),
-            ("spec", 2, f"{_AUTHZ}.SubjectAccessReviewSpec"),
-            ("status", 3, f"{_AUTHZ}.SubjectAccessReviewStatus"),
-        ],
-        "SelfSubjectRulesReviewSpec": [("namespace", 1, "string")],
-        "ResourceRule": [
-            ("verbs", 1, "repeated string"), ("apiGroups", 2, "repeated string"),
-            ("resources", 3, "repeated string"), ("resourceNames", 4, "repeated string"),
-        ],
-        "NonResourceRule": [
-            ("verbs", 1, "repeated string"), ("nonResourceURLs", 2, "repeated string"),
-        ],
-        "SubjectRulesReviewStatus": [
-            ("resourceRules", 1, f"repeated {_AUTHZ}.ResourceRule"),
-            ("nonResourceRules", 2, f"repeated {_AUTHZ}.NonResourceRule"),
-            ("incomplete", 3, "bool"), ("evaluationError", 4, "string"),
-        ],
-        "SelfSubjectRulesReview": [
-            ("metadata", 1, f"{_META}.ObjectMeta"),
-            ("spec", 2, f"{_AUTHZ}.SelfSubjectRulesReviewSpec"),
-            ("status", 3, f"{_AUTHZ}.SubjectRulesReviewStatus"),
-        ],
-    }),
-    _AUTHN: ("k8s.io/api/authentication/v1/generated.proto", [_META], {
-        "ExtraValue": [("items", 1, "repeated string")],
-        "UserInfo": [
-            ("username", 1, "string"), ("uid", 2, "string"), ("groups", 3, "repeated string"),
-            ("extra", 4, f"map<string, {_AUTHN}.ExtraValue>"),
-        ],
-        "SelfSubjectReviewStatus": [("userInfo", 1, f"{_AUTHN}.UserInfo")],
-        "SelfSubjectReview": [
-            ("metadata", 1, f"{_META}.ObjectMeta"),
-            ("status", 2, f"{_AUTHN}.SelfSubjectReviewStatus"),
-        ],
-    }),
+    _RUNTIME: (
+        "k8s.io/apimachinery/pkg/runtime/generated.proto",
+        [],
+        {
+            "TypeMeta": [("apiVersion", 1, "string"), ("kind", 2, "string")],
+            "Unknown": [
+                ("typeMeta", 1, f"{_RUNTIME}.TypeMeta"),
+                ("raw", 2, "bytes"),
+                ("contentEncoding", 3, "string"),
+                ("contentType", 4, "string"),
+            ],
+        },
+    ),
+    _META: (
+        "k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto",
+        [],
+        {
+            "Time": [("seconds", 1, "int64"), ("nanos", 2, "int32")],
+            "FieldsV1": [("Raw", 1, "bytes")],
+            "OwnerReference": [
+                ("apiVersion", 5, "string"),
+                ("kind", 1, "string"),
+                ("name", 3, "string"),
+                ("uid", 4, "string"),
+                ("controller", 6, "bool"),
+                ("blockOwnerDeletion", 7, "bool"),
+            ],
+            "ManagedFieldsEntry": [
+                ("manager", 1, "string"),
+                ("operation", 2, "string"),
+                ("apiVersion", 3, "string"),
+                ("time", 4, f"{_META}.Time"),
+                ("fieldsType", 6, "string"),
+                ("fieldsV1", 7, f"{_META}.FieldsV1"),
+                ("subresource", 8, "string"),
+            ],
+            "ObjectMeta": [
+                ("name", 1, "string"),
+                ("generateName", 2, "string"),
+                ("namespace", 3, "string"),
+                ("selfLink", 4, "string"),
+                ("uid", 5, "string"),
+                ("resourceVersion", 6, "string"),
+                ("generation", 7, "int64"),
+                ("creationTimestamp", 8, f"{_META}.Time"),
+                ("deletionTimestamp", 9, f"{_META}.Time"),
+                ("deletionGracePeriodSeconds", 10, "int64"),
+                ("labels", 11, "map<string, string>"),
+                ("annotations", 12, "map<string, string>"),
+                ("ownerReferences", 13, f"repeated {_META}.OwnerReference"),
+                ("finalizers", 14, "repeated string"),
+                ("managedFields", 17, f"repeated {_META}.ManagedFieldsEntry"),
+            ],
+            "LabelSelectorRequirement": [
+                ("key", 1, "string"),
+                ("operator", 2, "string"),
+                ("values", 3, "repeated string"),
+            ],
+        },
+    ),
+    _CORE: (
+        "k8s.io/api/core/v1/generated.proto",
+        [_META],
+        {
+            "ObjectReference": [
+                ("kind", 1, "string"),
+                ("namespace", 2, "string"),
+                ("name", 3, "string"),
+                ("uid", 4, "string"),
+                ("apiVersion", 5, "string"),
+                ("resourceVersion", 6, "string"),
+                ("fieldPath", 7, "string"),
+            ],
+            "LocalObjectReference": [("name", 1, "string")],
+            "ConfigMap": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("immutable", 4, "bool"),
+                ("data", 2, "map<string, string>"),
+                ("binaryData", 3, "map<string, bytes>"),
+            ],
+            "Secret": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("immutable", 5, "bool"),
+                ("data", 2, "map<string, bytes>"),
+                ("stringData", 4, "map<string, string>"),
+                ("type", 3, "string"),
+            ],
+            "NamespaceSpec": [("finalizers", 1, "repeated string")],
+            "NamespaceCondition": [
+                ("type", 1, "string"),
+                ("status", 2, "string"),
+                ("lastTransitionTime", 4, f"{_META}.Time"),
+                ("reason", 5, "string"),
+                ("message", 6, "string"),
+            ],
+            "NamespaceStatus": [
+                ("phase", 1, "string"),
+                ("conditions", 2, f"repeated {_CORE}.NamespaceCondition"),
+            ],
+            "Namespace": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("spec", 2, f"{_CORE}.NamespaceSpec"),
+                ("status", 3, f"{_CORE}.NamespaceStatus"),
+            ],
+            "ServiceAccount": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("secrets", 2, f"repeated {_CORE}.ObjectReference"),
+                ("imagePullSecrets", 3, f"repeated {_CORE}.LocalObjectReference"),
+                ("automountServiceAccountToken", 4, "bool"),
+            ],
+        },
+    ),
+    _AUTHZ: (
+        "k8s.io/api/authorization/v1/generated.proto",
+        [_META],
+        {
+            "ExtraValue": [("items", 1, "repeated string")],
+            "FieldSelectorRequirement": [
+                ("key", 1, "string"),
+                ("operator", 2, "string"),
+                ("values", 3, "repeated string"),
+            ],
+            "FieldSelectorAttributes": [
+                ("rawSelector", 1, "string"),
+                ("requirements", 2, f"repeated {_AUTHZ}.FieldSelectorRequirement"),
+            ],
+            "LabelSelectorAttributes": [
+                ("rawSelector", 1, "string"),
+                ("requirements", 2, f"repeated {_META}.LabelSelectorRequirement"),
+            ],
+            "ResourceAttributes": [
+                ("namespace", 1, "string"),
+                ("verb", 2, "string"),
+                ("group", 3, "string"),
+                ("version", 4, "string"),
+                ("resource", 5, "string"),
+                ("subresource", 6, "string"),
+                ("name", 7, "string"),
+                ("fieldSelector", 8, f"{_AUTHZ}.FieldSelectorAttributes"),
+                ("labelSelector", 9, f"{_AUTHZ}.LabelSelectorAttributes"),
+            ],
+            "NonResourceAttributes": [("path", 1, "string"), ("verb", 2, "string")],
+            "SelfSubjectAccessReviewSpec": [
+                ("resourceAttributes", 1, f"{_AUTHZ}.ResourceAttributes"),
+                ("nonResourceAttributes", 2, f"{_AUTHZ}.NonResourceAttributes"),
+            ],
+            "SubjectAccessReviewSpec": [
+                ("resourceAttributes", 1, f"{_AUTHZ}.ResourceAttributes"),
+                ("nonResourceAttributes", 2, f"{_AUTHZ}.NonResourceAttributes"),
+                ("user", 3, "string"),
+                ("groups", 4, "repeated string"),
+                ("extra", 5, f"map<string, {_AUTHZ}.ExtraValue>"),
+                ("uid", 6, "string"),
+            ],
+            "SubjectAccessReviewStatus": [
+                ("allowed", 1, "bool"),
+                ("denied", 4, "bool"),
+                ("reason", 2, "string"),
+                ("evaluationError", 3, "string"),
+            ],
+            "SelfSubjectAccessReview": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("spec", 2, f"{_AUTHZ}.SelfSubjectAccessReviewSpec"),
+                ("status", 3, f"{_AUTHZ}.SubjectAccessReviewStatus"),
+            ],
+            "SubjectAccessReview": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("spec", 2, f"{_AUTHZ}.SubjectAccessReviewSpec"),
+                ("status", 3, f"{_AUTHZ}.SubjectAccessReviewStatus"),
+            ],
+            "SelfSubjectRulesReviewSpec": [("namespace", 1, "string")],
+            "ResourceRule": [
+                ("verbs", 1, "repeated string"),
+                ("apiGroups", 2, "repeated string"),
+                ("resources", 3, "repeated string"),
+                ("resourceNames", 4, "repeated string"),
+            ],
+            "NonResourceRule": [
+                ("verbs", 1, "repeated string"),
+                ("nonResourceURLs", 2, "repeated string"),
+            ],
+            "SubjectRulesReviewStatus": [
+                ("resourceRules", 1, f"repeated {_AUTHZ}.ResourceRule"),
+                ("nonResourceRules", 2, f"repeated {_AUTHZ}.NonResourceRule"),
+                ("incomplete", 3, "bool"),
+                ("evaluationError", 4, "string"),
+            ],
+            "SelfSubjectRulesReview": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("spec", 2, f"{_AUTHZ}.SelfSubjectRulesReviewSpec"),
+                ("status", 3, f"{_AUTHZ}.SubjectRulesReviewStatus"),
+            ],
+        },
+    ),
+    _AUTHN: (
+        "k8s.io/api/authentication/v1/generated.proto",
+        [_META],
+        {
+            "ExtraValue": [("items", 1, "repeated string")],
+            "UserInfo": [
+                ("username", 1, "string"),
+                ("uid", 2, "string"),
+                ("groups", 3, "repeated string"),
+                ("extra", 4, f"map<string, {_AUTHN}.ExtraValue>"),
+            ],
+            "SelfSubjectReviewStatus": [("userInfo", 1, f"{_AUTHN}.UserInfo")],
+            "SelfSubjectReview": [
+                ("metadata", 1, f"{_META}.ObjectMeta"),
+                ("status", 2, f"{_AUTHN}.SelfSubjectReviewStatus"),
+            ],
+        },
+    ),
 }
 
 # (apiVersion, kind) of the bodies the sidecar reads → the object's message.
@@ -213,16 +274,18 @@ KINDS: dict[tuple[str, str], str] = {
 # Go writes every non-pointer field on the protobuf wire, zero or not, and omits zero
 # values from JSON (`omitempty`); these fields are pointers or have no `omitempty`, so a
 # zero value that is on the wire is shown.
-_KEEP_ZERO = frozenset({
-    f"{_CORE}.ConfigMap.immutable",
-    f"{_CORE}.Secret.immutable",
-    f"{_CORE}.ServiceAccount.automountServiceAccountToken",
-    f"{_META}.ObjectMeta.deletionGracePeriodSeconds",
-    f"{_META}.OwnerReference.controller",
-    f"{_META}.OwnerReference.blockOwnerDeletion",
-    f"{_AUTHZ}.SubjectAccessReviewStatus.allowed",
-    f"{_AUTHZ}.SubjectRulesReviewStatus.incomplete",
-})
+_KEEP_ZERO = frozenset(
+    {
+        f"{_CORE}.ConfigMap.immutable",
+        f"{_CORE}.Secret.immutable",
+        f"{_CORE}.ServiceAccount.automountServiceAccountToken",
+        f"{_META}.ObjectMeta.deletionGracePeriodSeconds",
+        f"{_META}.OwnerReference.controller",
+        f"{_META}.OwnerReference.blockOwnerDeletion",
+        f"{_AUTHZ}.SubjectAccessReviewStatus.allowed",
+        f"{_AUTHZ}.SubjectRulesReviewStatus.incomplete",
+    }
+)
 
 _SCALARS = {
     "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
@@ -274,7 +337,9 @@ def _build() -> dict[str, Any]:
     file_names = {package: spec[0] for package, spec in _FILES.items()}
     for package, (file_name, deps, messages) in _FILES.items():
         proto = descriptor_pb2.FileDescriptorProto(
-            name=file_name, package=package, syntax="proto2",
+            name=file_name,
+            package=package,
+            syntax="proto2",
             dependency=[file_names[dep] for dep in deps],
         )
         for msg_name, rows in messages.items():
@@ -390,7 +455,7 @@ def transcode(body: bytes) -> tuple[str, bytes]:
             400, "not a Kubernetes protobuf body: it does not start with the k8s\\x00 prefix"
         )
     try:
-        envelope = _parse(f"{_RUNTIME}.Unknown", body[len(MAGIC):], "envelope")
+        envelope = _parse(f"{_RUNTIME}.Unknown", body[len(MAGIC) :], "envelope")
         api_version = _text(envelope.typeMeta.apiVersion)
         kind = _text(envelope.typeMeta.kind)
         if not kind or not api_version:
@@ -399,13 +464,15 @@ def transcode(body: bytes) -> tuple[str, bytes]:
             raise ProtobufError(400, "malformed protobuf envelope: it carries no object")
         if envelope.contentEncoding:
             raise ProtobufError(
-                415, f"protobuf content encoding {_shown(_text(envelope.contentEncoding))!r} "
-                "is not supported"
+                415,
+                f"protobuf content encoding {_shown(_text(envelope.contentEncoding))!r} "
+                "is not supported",
             )
         if envelope.contentType not in ("", MEDIA_TYPE):
             raise ProtobufError(
-                415, f"protobuf envelope content type {_shown(_text(envelope.contentType))!r} "
-                "is not supported"
+                415,
+                f"protobuf envelope content type {_shown(_text(envelope.contentType))!r} "
+                "is not supported",
             )
         full_name = KINDS.get((api_version, kind))
         if full_name is None:

@@ -93,7 +93,9 @@ class Metrics:
             registry=r,
         )
         self.quota_used = Gauge(
-            "sidecar_quota_used", "Quota used, by tenant and resource.", ["tenant", "resource"],
+            "sidecar_quota_used",
+            "Quota used, by tenant and resource.",
+            ["tenant", "resource"],
             registry=r,
         )
         self.quota_in_progress = Gauge(
@@ -103,7 +105,8 @@ class Metrics:
             registry=r,
         )
         self.quota_hard = Gauge(
-            "sidecar_quota_hard", "Quota hard limit, by tenant and resource.",
+            "sidecar_quota_hard",
+            "Quota hard limit, by tenant and resource.",
             ["tenant", "resource"],
             registry=r,
         )
@@ -113,8 +116,10 @@ class Metrics:
         # Readiness: each check of the last /readyz evaluation (1 ok, 0 failing), so an
         # outage that keeps /readyz at 200 (ledger, global tier) still shows here.
         self.ready_check = Gauge(
-            "sidecar_ready_check", "Result of each /readyz check (1 ok, 0 failing).",
-            ["check"], registry=r,
+            "sidecar_ready_check",
+            "Result of each /readyz check (1 ok, 0 failing).",
+            ["check"],
+            registry=r,
         )
         # Audit
         self.audit_dropped = Counter(

@@ -72,8 +72,10 @@ def _handle_error(
     else:
         text = f"malformed HTTP request: {exc.__class__.__name__ if exc else message}"
     detail = str(exc or message or "").replace("\n", " ")[:200]
-    malformed_log.warning(f"malformed request from {request.remote}: {code} {text}"
-                          + (f" ({detail!r})" if detail else ""))
+    malformed_log.warning(
+        f"malformed request from {request.remote}: {code} {text}"
+        + (f" ({detail!r})" if detail else "")
+    )
     body = web.Response(
         status=code,
         body=json.dumps(status_body(code, text)).encode(),

@@ -46,12 +46,29 @@ HOP_BY_HOP = frozenset(
 )
 # Set by the sidecar itself, never copied from the client. `Expect` is answered by the
 # sidecar (sidecar/framing.py), the upstream never waits for a 100 of its own.
-_REPLACED = frozenset({"host", "content-length", "x-forwarded-for", "x-forwarded-proto",
-                       "x-forwarded-host", "x-request-id", "expect"})
+_REPLACED = frozenset(
+    {
+        "host",
+        "content-length",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-request-id",
+        "expect",
+    }
+)
 # A `Connection` header naming one of these is 400 (DESIGN §8): dropping them would
 # change the body's framing or meaning, or the caller's identity, on the way upstream.
-_NOT_HOP_BY_HOP = frozenset({"content-length", "content-encoding", "content-type",
-                             "transfer-encoding", "host", "authorization"})
+_NOT_HOP_BY_HOP = frozenset(
+    {
+        "content-length",
+        "content-encoding",
+        "content-type",
+        "transfer-encoding",
+        "host",
+        "authorization",
+    }
+)
 # Identity headers: only the sidecar sets them. `_` counts as `-` (`X_Remote_User`),
 # since some upstream servers read both spellings as the same header.
 _IDENTITY_PREFIX = "x-remote-"
@@ -102,8 +119,10 @@ class Upstream:
             limits = self.config.limits
             # `connect` also bounds the wait for a pooled connection: never indefinite.
             timeout = aiohttp.ClientTimeout(
-                total=None, connect=limits.upstream_connect_timeout,
-                sock_connect=limits.upstream_connect_timeout, sock_read=None,
+                total=None,
+                connect=limits.upstream_connect_timeout,
+                sock_connect=limits.upstream_connect_timeout,
+                sock_read=None,
             )
             self._watch_session = self._new_session(self.watches.pool_size, timeout)
         return self._watch_session
@@ -186,8 +205,9 @@ class Upstream:
             raise UpstreamError(504, "the upstream did not answer in time") from None
         except (aiohttp.ClientError, OSError) as exc:
             if body_state.too_large:
-                raise StatusError(413, f"the request body is larger than {ctx.max_body_bytes} "
-                                  "bytes") from None
+                raise StatusError(
+                    413, f"the request body is larger than {ctx.max_body_bytes} bytes"
+                ) from None
             if body_state.malformed:
                 raise malformed_body() from None
             if body_state.client_gone:
@@ -231,8 +251,11 @@ class Upstream:
             self.metrics.upstream_errors.labels("timeout").inc()
             upstream.close()
             _abort(ctx.request)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError) as exc:
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+        ) as exc:
             if isinstance(exc, ConnectionResetError) and ctx.request.transport is None:
                 upstream.close()
                 raise
@@ -259,8 +282,7 @@ class Upstream:
         declared = upstream.content_length
         if declared is not None and declared > MAX_FILTERED_RESPONSE:
             upstream.close()
-            raise UpstreamError(502, "the upstream response is too large for the sidecar "
-                                "to read")
+            raise UpstreamError(502, "the upstream response is too large for the sidecar to read")
         chunks: list[bytes] = []
         size = 0
         try:
@@ -269,8 +291,9 @@ class Upstream:
                     size += len(chunk)
                     if size > MAX_FILTERED_RESPONSE:
                         upstream.close()
-                        raise UpstreamError(502, "the upstream response is too large for "
-                                            "the sidecar to read")
+                        raise UpstreamError(
+                            502, "the upstream response is too large for the sidecar to read"
+                        )
                     chunks.append(chunk)
         except TimeoutError:
             upstream.close()
@@ -285,8 +308,9 @@ class Upstream:
         if declared is not None and size != declared:  # a second line of defence
             upstream.close()
             self.metrics.upstream_errors.labels("reset").inc()
-            raise UpstreamError(502, f"the upstream answer was cut short ({size} of "
-                                f"{declared} bytes)")
+            raise UpstreamError(
+                502, f"the upstream answer was cut short ({size} of {declared} bytes)"
+            )
         return b"".join(chunks)
 
     def upstream_headers(self, ctx: RequestContext) -> CIMultiDict[str]:
@@ -300,9 +324,7 @@ class Upstream:
         }
         forbidden = sorted(named & _NOT_HOP_BY_HOP)
         if forbidden:
-            raise StatusError(
-                400, f"the Connection header may not name {', '.join(forbidden)}"
-            )
+            raise StatusError(400, f"the Connection header may not name {', '.join(forbidden)}")
         drop = HOP_BY_HOP | _REPLACED | named
         headers: CIMultiDict[str] = CIMultiDict()
         for name, value in request.headers.items():
@@ -392,9 +414,7 @@ class _BodyState:
         self.malformed = False
 
 
-async def _stream_body(
-    request: web.Request, limit: int, state: _BodyState
-) -> AsyncIterator[bytes]:
+async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> AsyncIterator[bytes]:
     """The client's body bytes as received (never decompressed). Raising stops the
     upstream request, whose connection aiohttp then closes instead of pooling it."""
     size = 0

@@ -61,6 +61,6 @@ def public_detail(text: str) -> str:
     def path(match: re.Match[str]) -> str:
         found = match[0]
         tail = len(found) - len(found.rstrip(":."))
-        return "<path>" + found[len(found) - tail:] if tail else "<path>"
+        return "<path>" + found[len(found) - tail :] if tail else "<path>"
 
     return _PATH.sub(path, redact_text(text))

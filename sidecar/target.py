@@ -249,8 +249,7 @@ def _no_separator(segment: str, what: str) -> None:
     the path addresses."""
     if "/" in segment or "\\" in segment:
         raise TargetError(
-            f"the {what} segment contains an encoded '/' or a '\\' (%2F, %5C): "
-            "not allowed there"
+            f"the {what} segment contains an encoded '/' or a '\\' (%2F, %5C): not allowed there"
         )
 
 

@@ -56,8 +56,7 @@ class WatchRelay:
         if len(self.open) >= self.pool_size:
             raise StatusError(
                 503,
-                f"all {self.pool_size} upstream connections for watches are in use; "
-                "retry shortly",
+                f"all {self.pool_size} upstream connections for watches are in use; retry shortly",
                 headers={"Retry-After": "1"},
             )
         task: RelayTask = asyncio.create_task(forward(ctx))

@@ -67,13 +67,19 @@ class Proc:
             self.proc.wait(5)
 
 
-def _spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _spawn(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     full_env = dict(os.environ)
     full_env.pop("PYTHONWARNINGS", None)
     full_env.update(env or {})
     with open(log_path, "ab") as out:
         return subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=full_env,
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=str(ROOT),
+            env=full_env,
             start_new_session=True,
         )
 
@@ -104,8 +110,18 @@ def start_store(
     port = port or free_port()
     db = db or (tmp / "store.db")
     log_path = tmp / f"store-{port}.log"
-    args = [sys.executable, "-m", "backing_store", "--host", "127.0.0.1", "--port", str(port),
-            "--db", str(db), *(extra_args or [])]
+    args = [
+        sys.executable,
+        "-m",
+        "backing_store",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        *(extra_args or []),
+    ]
     proc = Proc(_spawn(args, log_path), port, log_path, {"db": db})
     wait_http(f"{proc.url}/healthz", proc)
     return proc

@@ -91,8 +91,9 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         ("identity: {jwt: {requireExp: sometimes}}\n", {}, "'identity.jwt.requireExp'"),
     ],
 )
-def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str],
-                                  fragment: str) -> None:
+def test_bad_config_names_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], fragment: str
+) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
@@ -110,7 +111,9 @@ def test_serve_refuses_bad_config_and_starts_nothing(tmp_path: Path) -> None:
     path.write_text("limits: {maxBodyBytes: -}\n")
     result = subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "limits.maxBodyBytes" in result.stderr
@@ -122,7 +125,9 @@ def test_serve_config_errors_are_one_line(tmp_path: Path) -> None:
     path.write_text("listen: [unclosed\n")
     result = subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -39,7 +39,10 @@ def _nothing_listens(port: int) -> bool:
 def test_demo_runs_serves_and_stops_cleanly() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar.cli", "demo", "--seconds", "60"],
-        cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     assert proc.stdout is not None

@@ -47,8 +47,14 @@ def stage(**overrides: Any) -> IdentityStage:
 
 
 def hs_stage(**extra: Any) -> IdentityStage:
-    return stage(**{"identity.jwt.secret": SECRET, "identity.jwt.issuer": ISSUER,
-                    "identity.jwt.audience": AUDIENCE, **extra})
+    return stage(
+        **{
+            "identity.jwt.secret": SECRET,
+            "identity.jwt.issuer": ISSUER,
+            "identity.jwt.audience": AUDIENCE,
+            **extra,
+        }
+    )
 
 
 def request(
@@ -57,9 +63,7 @@ def request(
     from multidict import CIMultiDict
 
     h: CIMultiDict[str] = CIMultiDict(headers or {})
-    return make_mocked_request("GET", "/api/v1/namespaces/dev/pods", headers=h).clone(
-        remote=remote
-    )
+    return make_mocked_request("GET", "/api/v1/namespaces/dev/pods", headers=h).clone(remote=remote)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -87,8 +91,7 @@ def test_hs256_token_gives_identity() -> None:
 def test_rs256_pem_public_key(tmp_path: Path) -> None:
     pem = tmp_path / "key.pem"
     pem.write_bytes(public_pem(RSA))
-    st = stage(**{"identity.jwt.algorithms": ["RS256"],
-                  "identity.jwt.publicKeyFile": str(pem)})
+    st = stage(**{"identity.jwt.algorithms": ["RS256"], "identity.jwt.publicKeyFile": str(pem)})
     token = jwt.encode(claims("bob", "beta", aud=None), RSA, algorithm="RS256")
     assert st.authenticate(request(bearer(token))) == Identity("bob", "beta", ("users",), "jwt")
 
@@ -96,8 +99,7 @@ def test_rs256_pem_public_key(tmp_path: Path) -> None:
 def test_es256_pem_public_key(tmp_path: Path) -> None:
     pem = tmp_path / "key.pem"
     pem.write_bytes(public_pem(EC))
-    st = stage(**{"identity.jwt.algorithms": ["ES256"],
-                  "identity.jwt.publicKeyFile": str(pem)})
+    st = stage(**{"identity.jwt.algorithms": ["ES256"], "identity.jwt.publicKeyFile": str(pem)})
     token = jwt.encode(claims("carol", "acme", aud=None), EC, algorithm="ES256")
     assert st.authenticate(request(bearer(token))).user == "carol"
 
@@ -117,25 +119,37 @@ def test_jwks_file_picks_key_by_kid(tmp_path: Path) -> None:
     other = rsa_key()
     path = jwks_file(tmp_path, (other, "k1"), (RSA, "k2"))
     st = stage(**{"identity.jwt.algorithms": ["RS256"], "identity.jwt.jwksFile": str(path)})
-    token = jwt.encode(claims("dan", "acme", aud=None), RSA, algorithm="RS256",
-                       headers={"kid": "k2"})
+    token = jwt.encode(
+        claims("dan", "acme", aud=None), RSA, algorithm="RS256", headers={"kid": "k2"}
+    )
     assert st.authenticate(request(bearer(token))).user == "dan"
     # No kid: every key of the family is tried.
     token = jwt.encode(claims("dan", "acme", aud=None), other, algorithm="RS256")
     assert st.authenticate(request(bearer(token))).user == "dan"
     # A key not in the set does not verify.
-    token = jwt.encode(claims("eve", "acme", aud=None), rsa_key(), algorithm="RS256",
-                       headers={"kid": "k2"})
+    token = jwt.encode(
+        claims("eve", "acme", aud=None), rsa_key(), algorithm="RS256", headers={"kid": "k2"}
+    )
     assert "signature" in rejected(st, request(bearer(token)))
 
 
 def test_configurable_claim_names() -> None:
-    st = stage(**{"identity.jwt.secret": SECRET,
-                  "identity.jwt.claims.user": "preferred_username",
-                  "identity.jwt.claims.tenant": "org.tenant",
-                  "identity.jwt.claims.groups": "roles"})
-    token = hs256({"preferred_username": "frank", "org": {"tenant": "acme"},
-                   "roles": ["ops"], "exp": int(time.time()) + 60})
+    st = stage(
+        **{
+            "identity.jwt.secret": SECRET,
+            "identity.jwt.claims.user": "preferred_username",
+            "identity.jwt.claims.tenant": "org.tenant",
+            "identity.jwt.claims.groups": "roles",
+        }
+    )
+    token = hs256(
+        {
+            "preferred_username": "frank",
+            "org": {"tenant": "acme"},
+            "roles": ["ops"],
+            "exp": int(time.time()) + 60,
+        }
+    )
     assert st.authenticate(request(bearer(token))) == Identity("frank", "acme", ("ops",), "jwt")
 
 
@@ -194,8 +208,9 @@ def test_algorithm_confusion_hs256_with_rsa_public_key(tmp_path: Path) -> None:
     pem = tmp_path / "key.pem"
     pem.write_bytes(pem_bytes)
     # Even with HS256 also allowed in the list, the RSA key never verifies an HS token.
-    st = stage(**{"identity.jwt.algorithms": ["RS256", "HS256"],
-                  "identity.jwt.publicKeyFile": str(pem)})
+    st = stage(
+        **{"identity.jwt.algorithms": ["RS256", "HS256"], "identity.jwt.publicKeyFile": str(pem)}
+    )
     token = forge_hs256(claims(aud=None), pem_bytes)
     assert "no verification key" in rejected(st, request(bearer(token)))
     st = stage(**{"identity.jwt.algorithms": ["RS256"], "identity.jwt.publicKeyFile": str(pem)})
@@ -293,7 +308,7 @@ def test_cache_serves_hot_token_and_never_past_exp(monkeypatch: pytest.MonkeyPat
     for _ in range(5):
         assert st.authenticate(request(bearer(token))).user == "alice"
     assert calls == 1
-    (_identity, expires), = auth.cache.values()
+    ((_identity, expires),) = auth.cache.values()
     assert expires == jwt.decode(token, options={"verify_signature": False})["exp"]
     # Once the clock passes the token's exp, the cached entry is not used any more:
     # the token is verified again (and PyJWT's own clock then judges it).
@@ -342,8 +357,12 @@ def test_config_rejects_key_without_matching_algorithm(tmp_path: Path) -> None:
 
 def test_config_rejects_unreadable_key_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="publicKeyFile"):
-        stage(**{"identity.jwt.algorithms": ["RS256"],
-                 "identity.jwt.publicKeyFile": str(tmp_path / "missing.pem")})
+        stage(
+            **{
+                "identity.jwt.algorithms": ["RS256"],
+                "identity.jwt.publicKeyFile": str(tmp_path / "missing.pem"),
+            }
+        )
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
     with pytest.raises(ConfigError, match="no PEM public key"):
@@ -358,10 +377,13 @@ def test_config_rejects_unreadable_key_files(tmp_path: Path) -> None:
 
 
 def static_stage(tmp: Path, **extra: Any) -> IdentityStage:
-    path = write_tokens(tmp, [
-        {"token": "acme-alice-token", "user": "alice", "tenant": "acme", "groups": ["users"]},
-        {"token": "ops-token", "user": "root", "tenant": "system"},
-    ])
+    path = write_tokens(
+        tmp,
+        [
+            {"token": "acme-alice-token", "user": "alice", "tenant": "acme", "groups": ["users"]},
+            {"token": "ops-token", "user": "root", "tenant": "system"},
+        ],
+    )
     return stage(**{"identity.tokenFile": str(path), **extra})
 
 
@@ -394,8 +416,13 @@ def test_jwt_then_static_token_order(tmp_path: Path) -> None:
         ([{"token": "has space", "user": "u", "tenant": "acme"}], "token"),
         ([{"token": "t", "user": "u", "tenant": "acme", "groups": "g"}], "groups"),
         ([{"token": "t", "user": "u", "tenant": "acme", "role": "x"}], "unknown keys"),
-        ([{"token": "t", "user": "u", "tenant": "a"}, {"token": "t", "user": "v",
-                                                         "tenant": "b"}], "twice"),
+        (
+            [
+                {"token": "t", "user": "u", "tenant": "a"},
+                {"token": "t", "user": "v", "tenant": "b"},
+            ],
+            "twice",
+        ),
         ({"token": "t"}, "list"),
     ],
 )
@@ -419,8 +446,13 @@ REMOTE = {"X-Remote-User": "gina", "X-Remote-Tenant": "acme"}
 
 
 def trusted_stage(clients: list[str], **extra: Any) -> IdentityStage:
-    return stage(**{"identity.trustedHeaders.enabled": True,
-                    "identity.trustedHeaders.clients": clients, **extra})
+    return stage(
+        **{
+            "identity.trustedHeaders.enabled": True,
+            "identity.trustedHeaders.clients": clients,
+            **extra,
+        }
+    )
 
 
 def test_trusted_headers_from_trusted_address() -> None:
@@ -473,8 +505,7 @@ def _b64(data: bytes) -> str:
 
 _json = st_.recursive(
     st_.none() | st_.booleans() | st_.integers() | st_.floats(allow_nan=False) | st_.text(),
-    lambda inner: st_.lists(inner, max_size=3) | st_.dictionaries(st_.text(), inner,
-                                                                   max_size=3),
+    lambda inner: st_.lists(inner, max_size=3) | st_.dictionaries(st_.text(), inner, max_size=3),
     max_leaves=8,
 )
 
@@ -492,15 +523,19 @@ def test_any_authorization_value_is_401(value: str) -> None:
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(header=_json, payload=_json, signature=st_.binary(max_size=40))
 def test_any_forged_jwt_is_401(header: Any, payload: Any, signature: bytes) -> None:
-    token = ".".join([_b64(json.dumps(header).encode()), _b64(json.dumps(payload).encode()),
-                      _b64(signature)])
+    token = ".".join(
+        [_b64(json.dumps(header).encode()), _b64(json.dumps(payload).encode()), _b64(signature)]
+    )
     rejected(_STAGE, request(bearer(token)))
 
 
 @settings(max_examples=100, deadline=None)
-@given(alg=st_.sampled_from(["none", "NONE", "HS256", "RS256", "ES256", "HS512", "PS256"]),
-       extra=st_.dictionaries(st_.sampled_from(["kid", "typ", "jku", "x5u", "crit"]), _json,
-                              max_size=3))
+@given(
+    alg=st_.sampled_from(["none", "NONE", "HS256", "RS256", "ES256", "HS512", "PS256"]),
+    extra=st_.dictionaries(
+        st_.sampled_from(["kid", "typ", "jku", "x5u", "crit"]), _json, max_size=3
+    ),
+)
 def test_header_games_never_pass(alg: str, extra: dict[str, Any]) -> None:
     header = {"alg": alg, **extra}
     body = _b64(json.dumps(claims()).encode())

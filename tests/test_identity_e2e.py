@@ -62,10 +62,13 @@ def key_files(tmp: Path) -> dict[str, Any]:
     jwk["kid"] = "ec-1"
     jwks = tmp / "jwks.json"
     jwks.write_text(json.dumps({"keys": [jwk]}))
-    tokens = write_tokens(tmp, [
-        {"token": "static-alice", "user": "alice", "tenant": "acme", "groups": ["users"]},
-        {"token": "static-bob", "user": "bob", "tenant": "beta", "groups": ["users", "qa"]},
-    ])
+    tokens = write_tokens(
+        tmp,
+        [
+            {"token": "static-alice", "user": "alice", "tenant": "acme", "groups": ["users"]},
+            {"token": "static-bob", "user": "bob", "tenant": "beta", "groups": ["users", "qa"]},
+        ],
+    )
     return {
         "identity.jwt.algorithms": ["HS256", "RS256", "ES256"],
         "identity.jwt.secret": SECRET,
@@ -125,8 +128,9 @@ async def test_rs256_pem_jwt(env: Env) -> None:
 
 
 async def test_es256_jwks_jwt(env: Env) -> None:
-    token = jwt.encode(claims("carol", "acme", "users"), EC, algorithm="ES256",
-                       headers={"kid": "ec-1"})
+    token = jwt.encode(
+        claims("carol", "acme", "users"), EC, algorithm="ES256", headers={"kid": "ec-1"}
+    )
     seen = await forwarded_as(env, bearer(token))
     assert (seen.one("X-Remote-User"), seen.one("X-Remote-Tenant")) == ("carol", "acme")
     assert seen.all("X-Remote-Group") == ["users"]  # a single-string groups claim
@@ -139,37 +143,60 @@ async def test_static_token(env: Env) -> None:
 
 
 async def test_trusted_headers_from_trusted_client(tmp_path: Path) -> None:
-    async with environment(tmp_path, **{"identity.trustedHeaders.enabled": True,
-                                        "identity.trustedHeaders.clients": ["127.0.0.0/8"]}
-                           ) as env:
-        headers = [("X-Remote-User", "gina"), ("X-Remote-Tenant", "acme"),
-                   ("X-Remote-Group", "users"), ("X-Remote-Group", "ops")]
+    async with environment(
+        tmp_path,
+        **{
+            "identity.trustedHeaders.enabled": True,
+            "identity.trustedHeaders.clients": ["127.0.0.0/8"],
+        },
+    ) as env:
+        headers = [
+            ("X-Remote-User", "gina"),
+            ("X-Remote-Tenant", "acme"),
+            ("X-Remote-Group", "users"),
+            ("X-Remote-Group", "ops"),
+        ]
         seen = await forwarded_as(env, headers)
         assert (seen.one("X-Remote-User"), seen.one("X-Remote-Tenant")) == ("gina", "acme")
         assert seen.all("X-Remote-Group") == ["users", "ops"]
 
 
 async def test_trusted_headers_from_untrusted_client_are_stripped(tmp_path: Path) -> None:
-    async with environment(tmp_path, **{"identity.trustedHeaders.enabled": True,
-                                        "identity.trustedHeaders.clients": ["10.0.0.0/8"]}
-                           ) as env:
-        spoof = [("X-Remote-User", "root"), ("X-Remote-Tenant", "system"),
-                 ("X-Remote-Group", "operators"), ("X-Remote-Extra-Scopes", "all")]
+    async with environment(
+        tmp_path,
+        **{
+            "identity.trustedHeaders.enabled": True,
+            "identity.trustedHeaders.clients": ["10.0.0.0/8"],
+        },
+    ) as env:
+        spoof = [
+            ("X-Remote-User", "root"),
+            ("X-Remote-Tenant", "system"),
+            ("X-Remote-Group", "operators"),
+            ("X-Remote-Extra-Scopes", "all"),
+        ]
         # No real credential: judged as anonymous, and nothing is forwarded.
         status, body = await env.call(PODS, spoof)
         assert status == 401 and status_body(body)["reason"] == "Unauthorized"
         assert env.upstream.forwarded == []
         # With a real credential: judged by it, the spoofed values never arrive.
-        seen = await forwarded_as(env, [*spoof, *bearer("static-bob").items()],
-                                  path="/api/v1/tenants/beta/namespaces/dev/pods")
+        seen = await forwarded_as(
+            env,
+            [*spoof, *bearer("static-bob").items()],
+            path="/api/v1/tenants/beta/namespaces/dev/pods",
+        )
         assert (seen.one("X-Remote-User"), seen.one("X-Remote-Tenant")) == ("bob", "beta")
         assert seen.all("X-Remote-Group") == ["users", "qa"]
         assert seen.all("X-Remote-Extra-Scopes") == []
 
 
 async def test_spoofed_headers_with_trusted_headers_disabled(env: Env) -> None:
-    spoof = {"X-Remote-User": "root", "X-Remote-Tenant": "system",
-             "X-Remote-Group": "operators", **bearer("static-alice")}
+    spoof = {
+        "X-Remote-User": "root",
+        "X-Remote-Tenant": "system",
+        "X-Remote-Group": "operators",
+        **bearer("static-alice"),
+    }
     seen = await forwarded_as(env, spoof, path="/api/v1/namespaces/dev/pods")
     assert (seen.one("X-Remote-User"), seen.one("X-Remote-Tenant")) == ("alice", "acme")
     assert seen.all("X-Remote-Group") == ["users"]
@@ -205,8 +232,7 @@ def _bad_tokens() -> dict[str, Any]:
         "wrong HS key": bearer(hs256(claims(), "a-different-secret-with-enough-length-42")),
         "wrong RSA key": bearer(jwt.encode(claims(), wrong_rsa, algorithm="RS256")),
         "alg none": bearer(unsigned(claims())),
-        "HS256 signed with the RSA public key": bearer(forge_hs256(claims(),
-                                                                   public_pem(RSA))),
+        "HS256 signed with the RSA public key": bearer(forge_hs256(claims(), public_pem(RSA))),
         "wrong issuer": bearer(hs256(claims(iss="https://evil.test"))),
         "wrong audience": bearer(hs256(claims(aud="another-service"))),
         "missing tenant claim": bearer(hs256(no_tenant)),

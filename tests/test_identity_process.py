@@ -25,7 +25,11 @@ from tests.test_identity_support import (
 
 
 def call(
-    url: str, method: str, path: str, token: str | None = None, body: Any = None,
+    url: str,
+    method: str,
+    path: str,
+    token: str | None = None,
+    body: Any = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     h = dict(headers or {})
@@ -46,15 +50,19 @@ def call(
 def test_sidecar_process_authenticates_from_config_and_env(tmp_path: Path) -> None:
     store = harness.start_store(tmp_path)
     try:
-        tokens = write_tokens(tmp_path, [
-            {"token": "operator", "user": "root", "tenant": "system",
-             "groups": ["operators"]},
-        ])
+        tokens = write_tokens(
+            tmp_path,
+            [
+                {"token": "operator", "user": "root", "tenant": "system", "groups": ["operators"]},
+            ],
+        )
         config = {
             "upstream": store.url,
             "policies": str(write_policy(tmp_path)),
-            "identity": {"tokenFile": str(tokens),
-                         "jwt": {"algorithms": ["HS256"], "audience": "sidecar"}},
+            "identity": {
+                "tokenFile": str(tokens),
+                "jwt": {"algorithms": ["HS256"], "audience": "sidecar"},
+            },
         }
         sidecar = harness.start_sidecar(
             tmp_path, config, env={"SIDECAR_IDENTITY__JWT__SECRET": SECRET}
@@ -64,27 +72,32 @@ def test_sidecar_process_authenticates_from_config_and_env(tmp_path: Path) -> No
             assert call(url, "GET", "/healthz")[0] == 200
             status, body = call(url, "GET", "/api/v1/tenants")
             assert status == 401 and body["reason"] == "Unauthorized"
-            status, body = call(url, "POST", "/api/v1/tenants", "operator",
-                                {"metadata": {"name": "acme"}})
+            status, body = call(
+                url, "POST", "/api/v1/tenants", "operator", {"metadata": {"name": "acme"}}
+            )
             assert status == 201, body
 
             alice = hs256(claims("alice", "acme", ["users"], iss=None))
-            status, body = call(url, "POST", "/api/v1/namespaces/default/configmaps", alice,
-                                {"metadata": {"name": "cm1"}},
-                                headers={"X-Remote-Tenant": "system"})
+            status, body = call(
+                url,
+                "POST",
+                "/api/v1/namespaces/default/configmaps",
+                alice,
+                {"metadata": {"name": "cm1"}},
+                headers={"X-Remote-Tenant": "system"},
+            )
             assert status == 201, body
             assert body["metadata"]["tenant"] == "acme"
-            status, body = call(url, "GET",
-                                "/api/v1/tenants/acme/namespaces/default/configmaps/cm1",
-                                "operator")
+            status, body = call(
+                url, "GET", "/api/v1/tenants/acme/namespaces/default/configmaps/cm1", "operator"
+            )
             assert status == 200 and body["metadata"]["name"] == "cm1"
 
             expired = hs256(claims("alice", "acme", ["users"], iss=None, lifetime=-60))
             status, body = call(url, "GET", "/api/v1/namespaces/default/configmaps", expired)
             assert status == 401 and "expired" in body["message"]
             wrong_aud = hs256(claims("alice", "acme", ["users"], iss=None, aud="other"))
-            status, body = call(url, "GET", "/api/v1/namespaces/default/configmaps",
-                                wrong_aud)
+            status, body = call(url, "GET", "/api/v1/namespaces/default/configmaps", wrong_aud)
             assert status == 401 and "audience" in body["message"]
         finally:
             sidecar.stop()
@@ -108,28 +121,35 @@ def test_credential_files_are_reread_without_a_restart(tmp_path: Path) -> None:
     key_a, key_b = rsa_key(), rsa_key()
     pem = tmp_path / "issuer.pem"
     pem.write_bytes(public_pem(key_a))
-    tokens = write_tokens(tmp_path, [
-        {"token": "old-token", "user": "root", "tenant": "system", "groups": ["operators"]}])
-    sidecar = harness.start_sidecar(tmp_path, {
-        "upstream": store.url,
-        "policies": str(write_policy(tmp_path)),
-        "identity": {"tokenFile": str(tokens),
-                     "jwt": {"algorithms": ["RS256"], "publicKeyFile": str(pem),
-                             "audience": "sidecar"}},
-    })
+    tokens = write_tokens(
+        tmp_path,
+        [{"token": "old-token", "user": "root", "tenant": "system", "groups": ["operators"]}],
+    )
+    sidecar = harness.start_sidecar(
+        tmp_path,
+        {
+            "upstream": store.url,
+            "policies": str(write_policy(tmp_path)),
+            "identity": {
+                "tokenFile": str(tokens),
+                "jwt": {"algorithms": ["RS256"], "publicKeyFile": str(pem), "audience": "sidecar"},
+            },
+        },
+    )
     path = "/api/v1/tenants"
 
     def rs256(key: Any) -> str:
-        return jwt.encode(claims("root", "system", ["operators"], iss=None), key,
-                          algorithm="RS256")
+        return jwt.encode(claims("root", "system", ["operators"], iss=None), key, algorithm="RS256")
 
     try:
         url = sidecar.url
         assert call(url, "GET", path, "old-token")[0] == 200
         assert call(url, "GET", path, rs256(key_a))[0] == 200
 
-        write_tokens(tmp_path, [
-            {"token": "new-token", "user": "root", "tenant": "system", "groups": ["operators"]}])
+        write_tokens(
+            tmp_path,
+            [{"token": "new-token", "user": "root", "tenant": "system", "groups": ["operators"]}],
+        )
         pem.write_bytes(public_pem(key_b))
         assert _until(lambda: call(url, "GET", path, "new-token")[0] == 200)
         assert _until(lambda: call(url, "GET", path, rs256(key_b))[0] == 200)

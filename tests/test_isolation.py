@@ -135,8 +135,7 @@ CLUSTER_LEVEL = [
     ("GET", "/api/v1/nodes/n1", "nodes", "n1"),
     ("PUT", "/api/v1/nodes/n1/power", "nodes/power", "n1"),
     ("DELETE", "/api/v1/persistentvolumes/pv1", "persistentvolumes", "pv1"),
-    ("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-     "clusterrolebindings", ""),
+    ("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", "clusterrolebindings", ""),
 ]
 
 
@@ -208,8 +207,12 @@ async def test_concealment_off_gives_403(tmp_path: Path, recorder: RecordingUpst
     config = sidecar_config(tmp_path, concealOtherTenants=False)
     async with running_sidecar(tmp_path, recorder.url, config) as url:
         async with aiohttp.ClientSession() as http:
-            for path in ("/api/v1/tenants/beta/namespaces/dev/pods", "/api/v1/tenants/beta",
-                         "/api/v1/nodes", "/api/v1/pods"):
+            for path in (
+                "/api/v1/tenants/beta/namespaces/dev/pods",
+                "/api/v1/tenants/beta",
+                "/api/v1/nodes",
+                "/api/v1/pods",
+            ):
                 status, body = await send(http, url, "GET", path, TOKEN_OF["acme"])
                 assert status == 403, (path, body)
                 assert status_body(body)["reason"] == "Forbidden"
@@ -247,8 +250,11 @@ async def test_short_path_carries_the_callers_tenant(
     spoof = {"X-Remote-Tenant": "beta", "X-Remote-User": "bob"}
     async with running_sidecar(tmp_path, recorder.url, sidecar_config(tmp_path)) as url:
         async with aiohttp.ClientSession() as http:
-            for path in ("/api/v1/namespaces/dev/pods", "/api/v1/watch/namespaces/dev/pods",
-                         "/api/v1/namespaces/dev/pods?tenant=beta"):
+            for path in (
+                "/api/v1/namespaces/dev/pods",
+                "/api/v1/watch/namespaces/dev/pods",
+                "/api/v1/namespaces/dev/pods?tenant=beta",
+            ):
                 status, _ = await send(http, url, "GET", path, TOKEN_OF["acme"], headers=spoof)
                 assert status == 200
                 assert recorder.forwarded[-1].one("X-Remote-Tenant") == "acme"

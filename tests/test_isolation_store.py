@@ -46,8 +46,9 @@ async def client(tmp_path: Path, backing: harness.Proc) -> AsyncIterator[Client]
         async with aiohttp.ClientSession() as http:
             call = Client(http, url)
             for tenant in ("acme", "beta"):
-                status, body = await call("system", "POST", "/api/v1/tenants",
-                                          {"metadata": {"name": tenant}})
+                status, body = await call(
+                    "system", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+                )
                 assert status == 201, body
             yield call
 
@@ -55,8 +56,10 @@ async def client(tmp_path: Path, backing: harness.Proc) -> AsyncIterator[Client]
 async def test_concealed_tenant_is_byte_for_byte_a_missing_tenant(client: Client) -> None:
     pairs = [
         ("/api/v1/tenants/beta", "/api/v1/tenants/nosuch"),
-        ("/api/v1/tenants/beta/namespaces/default/configmaps",
-         "/api/v1/tenants/nosuch/namespaces/default/configmaps"),
+        (
+            "/api/v1/tenants/beta/namespaces/default/configmaps",
+            "/api/v1/tenants/nosuch/namespaces/default/configmaps",
+        ),
         ("/api/v1/tenants/beta/namespaces", "/api/v1/tenants/nosuch/namespaces"),
     ]
     for hidden, missing in pairs:
@@ -72,16 +75,23 @@ async def test_concealed_tenant_is_byte_for_byte_a_missing_tenant(client: Client
 
 async def test_short_path_lands_in_callers_tenant_despite_spoofing(client: Client) -> None:
     spoof = {"X-Remote-Tenant": "beta", "X-Remote-User": "root"}
-    status, body = await client("acme", "POST", "/api/v1/namespaces/default/configmaps",
-                                {"metadata": {"name": "cm1"}}, **spoof)
+    status, body = await client(
+        "acme",
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        {"metadata": {"name": "cm1"}},
+        **spoof,
+    )
     assert status == 201, body
     created = json.loads(body)
     assert created["metadata"]["tenant"] == "acme"
-    status, _ = await client("system", "GET",
-                             "/api/v1/tenants/acme/namespaces/default/configmaps/cm1")
+    status, _ = await client(
+        "system", "GET", "/api/v1/tenants/acme/namespaces/default/configmaps/cm1"
+    )
     assert status == 200
-    status, _ = await client("system", "GET",
-                             "/api/v1/tenants/beta/namespaces/default/configmaps/cm1")
+    status, _ = await client(
+        "system", "GET", "/api/v1/tenants/beta/namespaces/default/configmaps/cm1"
+    )
     assert status == 404
     # beta's user, by short path, sees its own tenant's (empty) namespace only.
     status, body = await client("beta", "GET", "/api/v1/namespaces/default/configmaps")

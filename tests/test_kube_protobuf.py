@@ -35,76 +35,135 @@ CASES: dict[str, tuple[list[str], str, dict[str, Any]]] = {
     "configmap": (
         ["create", "configmap", "cm1", "--from-literal=a=b", "--from-file=bin={blob}", "-n", "ns1"],
         "/api/v1/namespaces/ns1/configmaps",
-        {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "cm1", "namespace": "ns1"},
-         "data": {"a": "b"}, "binaryData": {"bin": base64.b64encode(BLOB).decode()}},
+        {
+            "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "metadata": {"name": "cm1", "namespace": "ns1"},
+            "data": {"a": "b"},
+            "binaryData": {"bin": base64.b64encode(BLOB).decode()},
+        },
     ),
     "secret": (
-        ["create", "secret", "generic", "s1", "--from-literal=k=v", "--from-file=bin={blob}",
-         "--type=example.com/kind", "-n", "ns1"],
+        [
+            "create",
+            "secret",
+            "generic",
+            "s1",
+            "--from-literal=k=v",
+            "--from-file=bin={blob}",
+            "--type=example.com/kind",
+            "-n",
+            "ns1",
+        ],
         "/api/v1/namespaces/ns1/secrets",
-        {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": "s1", "namespace": "ns1"},
-         "data": {"bin": base64.b64encode(BLOB).decode(), "k": "dg=="},
-         "type": "example.com/kind"},
+        {
+            "kind": "Secret",
+            "apiVersion": "v1",
+            "metadata": {"name": "s1", "namespace": "ns1"},
+            "data": {"bin": base64.b64encode(BLOB).decode(), "k": "dg=="},
+            "type": "example.com/kind",
+        },
     ),
     "namespace": (
         ["create", "namespace", "ns2"],
         "/api/v1/namespaces",
-        {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "ns2"}, "spec": {},
-         "status": {}},
+        {
+            "kind": "Namespace",
+            "apiVersion": "v1",
+            "metadata": {"name": "ns2"},
+            "spec": {},
+            "status": {},
+        },
     ),
     "serviceaccount": (
         ["create", "serviceaccount", "sa1", "-n", "ns1"],
         "/api/v1/namespaces/ns1/serviceaccounts",
-        {"kind": "ServiceAccount", "apiVersion": "v1",
-         "metadata": {"name": "sa1", "namespace": "ns1"}},
+        {
+            "kind": "ServiceAccount",
+            "apiVersion": "v1",
+            "metadata": {"name": "sa1", "namespace": "ns1"},
+        },
     ),
     "ssar": (
         ["auth", "can-i", "get", "pods", "-n", "ns1"],
         "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-         "metadata": {},
-         "spec": {"resourceAttributes": {"namespace": "ns1", "verb": "get", "resource": "pods"}},
-         "status": {"allowed": False}},
+        {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": {"resourceAttributes": {"namespace": "ns1", "verb": "get", "resource": "pods"}},
+            "status": {"allowed": False},
+        },
     ),
     "ssar-subresource": (
         ["auth", "can-i", "create", "pods", "--subresource=exec", "-n", "ns1"],
         "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-         "metadata": {},
-         "spec": {"resourceAttributes": {"namespace": "ns1", "verb": "create",
-                                         "resource": "pods", "subresource": "exec"}},
-         "status": {"allowed": False}},
+        {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": {
+                "resourceAttributes": {
+                    "namespace": "ns1",
+                    "verb": "create",
+                    "resource": "pods",
+                    "subresource": "exec",
+                }
+            },
+            "status": {"allowed": False},
+        },
     ),
     "ssar-nonresource": (
         ["auth", "can-i", "get", "/logs"],
         "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-         "metadata": {}, "spec": {"nonResourceAttributes": {"path": "/logs", "verb": "get"}},
-         "status": {"allowed": False}},
+        {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": {"nonResourceAttributes": {"path": "/logs", "verb": "get"}},
+            "status": {"allowed": False},
+        },
     ),
     "ssrr": (
         ["auth", "can-i", "--list", "-n", "ns1"],
         "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
-        {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
-         "metadata": {}, "spec": {"namespace": "ns1"}, "status": {"incomplete": False}},
+        {
+            "kind": "SelfSubjectRulesReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": {"namespace": "ns1"},
+            "status": {"incomplete": False},
+        },
     ),
     "ssr": (
         ["auth", "whoami"],
         "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        {"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
-         "metadata": {}, "status": {"userInfo": {}}},
+        {
+            "kind": "SelfSubjectReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {},
+            "status": {"userInfo": {}},
+        },
     ),
 }
 
 
 # ---- the stub API server kubectl talks to ----------------------------------------------
 
+
 def _resources(group_version: str, rows: list[tuple[str, str, bool, list[str]]]) -> dict[str, Any]:
     return {
-        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
         "resources": [
-            {"name": name, "singularName": name[:-1], "namespaced": namespaced, "kind": kind,
-             "verbs": verbs}
+            {
+                "name": name,
+                "singularName": name[:-1],
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": verbs,
+            }
             for name, kind, namespaced, verbs in rows
         ],
     }
@@ -113,24 +172,42 @@ def _resources(group_version: str, rows: list[tuple[str, str, bool, list[str]]])
 _CRUD = ["create", "get", "list", "delete"]
 DISCOVERY: dict[str, dict[str, Any]] = {
     "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
-    "/api/v1": _resources("v1", [
-        ("configmaps", "ConfigMap", True, _CRUD), ("secrets", "Secret", True, _CRUD),
-        ("namespaces", "Namespace", False, _CRUD),
-        ("serviceaccounts", "ServiceAccount", True, _CRUD), ("pods", "Pod", True, _CRUD),
-    ]),
-    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"name": group, "versions": [{"groupVersion": f"{group}/v1", "version": "v1"}],
-         "preferredVersion": {"groupVersion": f"{group}/v1", "version": "v1"}}
-        for group in ("authorization.k8s.io", "authentication.k8s.io")
-    ]},
-    "/apis/authorization.k8s.io/v1": _resources("authorization.k8s.io/v1", [
-        ("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, ["create"]),
-        ("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, ["create"]),
-        ("subjectaccessreviews", "SubjectAccessReview", False, ["create"]),
-    ]),
-    "/apis/authentication.k8s.io/v1": _resources("authentication.k8s.io/v1", [
-        ("selfsubjectreviews", "SelfSubjectReview", False, ["create"]),
-    ]),
+    "/api/v1": _resources(
+        "v1",
+        [
+            ("configmaps", "ConfigMap", True, _CRUD),
+            ("secrets", "Secret", True, _CRUD),
+            ("namespaces", "Namespace", False, _CRUD),
+            ("serviceaccounts", "ServiceAccount", True, _CRUD),
+            ("pods", "Pod", True, _CRUD),
+        ],
+    ),
+    "/apis": {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [
+            {
+                "name": group,
+                "versions": [{"groupVersion": f"{group}/v1", "version": "v1"}],
+                "preferredVersion": {"groupVersion": f"{group}/v1", "version": "v1"},
+            }
+            for group in ("authorization.k8s.io", "authentication.k8s.io")
+        ],
+    },
+    "/apis/authorization.k8s.io/v1": _resources(
+        "authorization.k8s.io/v1",
+        [
+            ("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, ["create"]),
+            ("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, ["create"]),
+            ("subjectaccessreviews", "SubjectAccessReview", False, ["create"]),
+        ],
+    ),
+    "/apis/authentication.k8s.io/v1": _resources(
+        "authentication.k8s.io/v1",
+        [
+            ("selfsubjectreviews", "SelfSubjectReview", False, ["create"]),
+        ],
+    ),
     "/version": {"major": "1", "minor": "32", "gitVersion": "v1.32.0"},
 }
 
@@ -140,17 +217,22 @@ ANSWERS: dict[str, dict[str, Any]] = {
     "configmaps": {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "cm1"}},
     "secrets": {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": "s1"}},
     "namespaces": {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "ns2"}},
-    "serviceaccounts": {"kind": "ServiceAccount", "apiVersion": "v1",
-                        "metadata": {"name": "sa1"}},
-    "selfsubjectaccessreviews": {"kind": "SelfSubjectAccessReview",
-                                 "apiVersion": "authorization.k8s.io/v1",
-                                 "status": {"allowed": True}},
-    "selfsubjectrulesreviews": {"kind": "SelfSubjectRulesReview",
-                                "apiVersion": "authorization.k8s.io/v1",
-                                "status": {"resourceRules": [], "nonResourceRules": [],
-                                           "incomplete": False}},
-    "selfsubjectreviews": {"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
-                           "status": {"userInfo": {"username": "alice"}}},
+    "serviceaccounts": {"kind": "ServiceAccount", "apiVersion": "v1", "metadata": {"name": "sa1"}},
+    "selfsubjectaccessreviews": {
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "status": {"allowed": True},
+    },
+    "selfsubjectrulesreviews": {
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "status": {"resourceRules": [], "nonResourceRules": [], "incomplete": False},
+    },
+    "selfsubjectreviews": {
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "status": {"userInfo": {"username": "alice"}},
+    },
 }
 
 
@@ -205,8 +287,11 @@ async def run_kubectl(kubectl: str, args: list[str], port: int, home: Path) -> N
     """One kubectl command against the stub at 127.0.0.1:port; fails the test on error."""
     env, blob = kubectl_home(home, port)
     proc = await asyncio.create_subprocess_exec(
-        kubectl, *[a.replace("{blob}", str(blob)) for a in args], env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        kubectl,
+        *[a.replace("{blob}", str(blob)) for a in args],
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -217,7 +302,9 @@ async def run_kubectl(kubectl: str, args: list[str], port: int, home: Path) -> N
     assert proc.returncode == 0, f"kubectl {args}: {out.decode()} {err.decode()}"
 
 
-async def capture(kubectl: str, args: list[str], aiohttp_server: Any, home: Path) -> tuple[str, str, bytes]:
+async def capture(
+    kubectl: str, args: list[str], aiohttp_server: Any, home: Path
+) -> tuple[str, str, bytes]:
     """The one POST that `kubectl args` sends."""
     recorder = Recorder()
     server = await aiohttp_server(recorder.app())
@@ -227,6 +314,7 @@ async def capture(kubectl: str, args: list[str], aiohttp_server: Any, home: Path
 
 
 # ---- real kubectl ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 async def test_kubectl_body_transcodes(name: str, aiohttp_server: Any, tmp_path: Path) -> None:
@@ -241,7 +329,9 @@ async def test_kubectl_body_transcodes(name: str, aiohttp_server: Any, tmp_path:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-async def test_fixture_is_what_kubectl_sends(name: str, aiohttp_server: Any, tmp_path: Path) -> None:
+async def test_fixture_is_what_kubectl_sends(
+    name: str, aiohttp_server: Any, tmp_path: Path
+) -> None:
     """The committed fixture decodes like today's kubectl body (kubectl may reorder maps)."""
     kubectl = kubectl_path()
     _, _, body = await capture(kubectl, CASES[name][0], aiohttp_server, tmp_path)
@@ -249,6 +339,7 @@ async def test_fixture_is_what_kubectl_sends(name: str, aiohttp_server: Any, tmp
 
 
 # ---- the captured fixtures, without kubectl --------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fixture_transcodes(name: str) -> None:
@@ -259,6 +350,7 @@ def test_fixture_transcodes(name: str) -> None:
 
 
 # ---- hand-encoded bodies: fields kubectl's commands do not send --------------------------
+
 
 def varint(n: int) -> bytes:
     out = bytearray()
@@ -283,39 +375,92 @@ def entry(field: int, key: str, value: bytes | str) -> bytes:
 
 
 def envelope(api_version: str, kind: str, raw: bytes, encoding: str = "", ctype: str = "") -> bytes:
-    return MAGIC + ld(1, ld(1, api_version) + ld(2, kind)) + ld(2, raw) + ld(3, encoding) + ld(4, ctype)
+    return (
+        MAGIC
+        + ld(1, ld(1, api_version) + ld(2, kind))
+        + ld(2, raw)
+        + ld(3, encoding)
+        + ld(4, ctype)
+    )
 
 
 def meta(*fields: bytes) -> bytes:
     # Like Go: every non-pointer field written, zero or not, then the given ones.
-    zeros = ld(1, "") + ld(2, "") + ld(3, "") + ld(4, "") + ld(5, "") + ld(6, "") + vi(7, 0) + ld(8, b"")
+    zeros = (
+        ld(1, "")
+        + ld(2, "")
+        + ld(3, "")
+        + ld(4, "")
+        + ld(5, "")
+        + ld(6, "")
+        + vi(7, 0)
+        + ld(8, b"")
+    )
     return ld(1, zeros + b"".join(fields))
 
 
 def test_object_meta_fields() -> None:
-    owner = ld(13, ld(1, "Deployment") + ld(3, "web") + ld(4, "u-1") + ld(5, "apps/v1")
-               + vi(6, 1) + vi(7, 0))
-    raw = meta(
-        ld(2, "gen-"), ld(3, "ns1"), ld(8, vi(1, 1700000000) + vi(2, 5)), vi(10, 0),
-        entry(11, "app", "web"), entry(11, "tier", "front"), entry(12, "note", "x y"),
-        owner, ld(14, "example.com/f"),
-        ld(17, ld(1, "kubectl") + ld(2, "Update") + ld(3, "v1") + ld(6, "FieldsV1")
-           + ld(7, ld(1, b'{"f:data":{}}'))),
-    ) + entry(2, "k", "v") + vi(4, 1)
+    owner = ld(
+        13,
+        ld(1, "Deployment") + ld(3, "web") + ld(4, "u-1") + ld(5, "apps/v1") + vi(6, 1) + vi(7, 0),
+    )
+    raw = (
+        meta(
+            ld(2, "gen-"),
+            ld(3, "ns1"),
+            ld(8, vi(1, 1700000000) + vi(2, 5)),
+            vi(10, 0),
+            entry(11, "app", "web"),
+            entry(11, "tier", "front"),
+            entry(12, "note", "x y"),
+            owner,
+            ld(14, "example.com/f"),
+            ld(
+                17,
+                ld(1, "kubectl")
+                + ld(2, "Update")
+                + ld(3, "v1")
+                + ld(6, "FieldsV1")
+                + ld(7, ld(1, b'{"f:data":{}}')),
+            ),
+        )
+        + entry(2, "k", "v")
+        + vi(4, 1)
+    )
     _, document = transcode(envelope("v1", "ConfigMap", raw))
     assert json.loads(document) == {
-        "kind": "ConfigMap", "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
         "metadata": {
-            "generateName": "gen-", "namespace": "ns1",
-            "creationTimestamp": "2023-11-14T22:13:20Z", "deletionGracePeriodSeconds": 0,
-            "labels": {"app": "web", "tier": "front"}, "annotations": {"note": "x y"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
-                                 "uid": "u-1", "controller": True, "blockOwnerDeletion": False}],
+            "generateName": "gen-",
+            "namespace": "ns1",
+            "creationTimestamp": "2023-11-14T22:13:20Z",
+            "deletionGracePeriodSeconds": 0,
+            "labels": {"app": "web", "tier": "front"},
+            "annotations": {"note": "x y"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "web",
+                    "uid": "u-1",
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ],
             "finalizers": ["example.com/f"],
-            "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
-                               "fieldsType": "FieldsV1", "fieldsV1": {"f:data": {}}}],
+            "managedFields": [
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:data": {}},
+                }
+            ],
         },
-        "immutable": True, "data": {"k": "v"},
+        "immutable": True,
+        "data": {"k": "v"},
     }
 
 
@@ -323,41 +468,72 @@ def test_secret_string_data_and_explicit_false() -> None:
     raw = meta(ld(1, "s")) + entry(4, "user", "admin") + ld(3, "") + vi(5, 0)
     _, document = transcode(envelope("v1", "Secret", raw))
     assert json.loads(document) == {
-        "kind": "Secret", "apiVersion": "v1", "metadata": {"name": "s"},
-        "immutable": False, "stringData": {"user": "admin"},
+        "kind": "Secret",
+        "apiVersion": "v1",
+        "metadata": {"name": "s"},
+        "immutable": False,
+        "stringData": {"user": "admin"},
     }
 
 
 def test_service_account_references() -> None:
-    raw = (meta(ld(1, "sa"), ld(3, "ns1")) + ld(2, ld(1, "Secret") + ld(3, "tok"))
-           + ld(3, ld(1, "pull")) + vi(4, 0))
+    raw = (
+        meta(ld(1, "sa"), ld(3, "ns1"))
+        + ld(2, ld(1, "Secret") + ld(3, "tok"))
+        + ld(3, ld(1, "pull"))
+        + vi(4, 0)
+    )
     _, document = transcode(envelope("v1", "ServiceAccount", raw))
     assert json.loads(document) == {
-        "kind": "ServiceAccount", "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "apiVersion": "v1",
         "metadata": {"name": "sa", "namespace": "ns1"},
-        "secrets": [{"kind": "Secret", "name": "tok"}], "imagePullSecrets": [{"name": "pull"}],
+        "secrets": [{"kind": "Secret", "name": "tok"}],
+        "imagePullSecrets": [{"name": "pull"}],
         "automountServiceAccountToken": False,
     }
 
 
 def test_subject_access_review() -> None:
-    attrs = (ld(1, "ns1") + ld(2, "list") + ld(3, "apps") + ld(4, "v1") + ld(5, "deployments")
-             + ld(8, ld(1, "metadata.name=web"))
-             + ld(9, ld(2, ld(1, "app") + ld(2, "In") + ld(3, "a") + ld(3, "b"))))
-    spec = (ld(1, attrs) + ld(3, "bob") + ld(4, "devs") + ld(4, "ops")
-            + ld(5, ld(1, "scopes") + ld(2, ld(1, "read") + ld(1, "write"))) + ld(6, "uid-7"))
-    _, document = transcode(envelope("authorization.k8s.io/v1", "SubjectAccessReview",
-                                     meta() + ld(2, spec)))
+    attrs = (
+        ld(1, "ns1")
+        + ld(2, "list")
+        + ld(3, "apps")
+        + ld(4, "v1")
+        + ld(5, "deployments")
+        + ld(8, ld(1, "metadata.name=web"))
+        + ld(9, ld(2, ld(1, "app") + ld(2, "In") + ld(3, "a") + ld(3, "b")))
+    )
+    spec = (
+        ld(1, attrs)
+        + ld(3, "bob")
+        + ld(4, "devs")
+        + ld(4, "ops")
+        + ld(5, ld(1, "scopes") + ld(2, ld(1, "read") + ld(1, "write")))
+        + ld(6, "uid-7")
+    )
+    _, document = transcode(
+        envelope("authorization.k8s.io/v1", "SubjectAccessReview", meta() + ld(2, spec))
+    )
     assert json.loads(document) == {
-        "kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1", "metadata": {},
+        "kind": "SubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {},
         "spec": {
             "resourceAttributes": {
-                "namespace": "ns1", "verb": "list", "group": "apps", "version": "v1",
-                "resource": "deployments", "fieldSelector": {"rawSelector": "metadata.name=web"},
-                "labelSelector": {"requirements": [{"key": "app", "operator": "In",
-                                                    "values": ["a", "b"]}]},
+                "namespace": "ns1",
+                "verb": "list",
+                "group": "apps",
+                "version": "v1",
+                "resource": "deployments",
+                "fieldSelector": {"rawSelector": "metadata.name=web"},
+                "labelSelector": {
+                    "requirements": [{"key": "app", "operator": "In", "values": ["a", "b"]}]
+                },
             },
-            "user": "bob", "groups": ["devs", "ops"], "extra": {"scopes": ["read", "write"]},
+            "user": "bob",
+            "groups": ["devs", "ops"],
+            "extra": {"scopes": ["read", "write"]},
             "uid": "uid-7",
         },
     }
@@ -372,18 +548,24 @@ def test_error_is_a_status_error() -> None:
 
 # ---- bad input --------------------------------------------------------------------------
 
+
 def pod_body() -> bytes:
     container = ld(1, "c") + ld(2, "nginx")
     return envelope("v1", "Pod", meta(ld(1, "p"), ld(3, "ns1")) + ld(2, ld(2, container)))
 
 
-@pytest.mark.parametrize(("body", "kind"), [
-    (pod_body(), "Pod"),
-    (envelope("apps/v1", "Deployment", meta(ld(1, "d"))), "Deployment"),
-    (envelope("v1", "Pod", b"\xff\xff not even protobuf"), "Pod"),  # the kind decides first
-    (envelope("authorization.k8s.io/v1beta1", "SelfSubjectAccessReview", meta()),
-     "SelfSubjectAccessReview (authorization.k8s.io/v1beta1)"),
-])
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (pod_body(), "Pod"),
+        (envelope("apps/v1", "Deployment", meta(ld(1, "d"))), "Deployment"),
+        (envelope("v1", "Pod", b"\xff\xff not even protobuf"), "Pod"),  # the kind decides first
+        (
+            envelope("authorization.k8s.io/v1beta1", "SelfSubjectAccessReview", meta()),
+            "SelfSubjectAccessReview (authorization.k8s.io/v1beta1)",
+        ),
+    ],
+)
 def test_other_kind_is_415_naming_it(body: bytes, kind: str) -> None:
     with pytest.raises(ProtobufError) as caught:
         transcode(body)
@@ -392,27 +574,33 @@ def test_other_kind_is_415_naming_it(body: bytes, kind: str) -> None:
     assert "kubectl create -f" in caught.value.message
 
 
-@pytest.mark.parametrize(("body", "why"), [
-    (b"", "empty"),
-    (b"k8s", "short magic"),
-    (b'{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}', "JSON, no magic"),
-    (b"\xd9\xd9\xf7\xa2dkindiConfigMapjapiVersionbv1", "CBOR (self-described)"),
-    (b"\x0a\x0f\x0a\x02v1\x12\x09ConfigMap", "an envelope without the magic"),
-    (MAGIC, "magic only"),
-    (MAGIC + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "garbage after the magic"),
-    (MAGIC + b"garbage garbage", "text after the magic"),
-    (MAGIC + ld(2, meta(ld(1, "x"))), "no typeMeta"),
-    (envelope("v1", "", meta()), "empty kind"),
-    (MAGIC + ld(1, ld(1, "v1") + ld(2, "ConfigMap")), "an envelope cut before its object"),
-    (envelope("v1", "ConfigMap", b"\x0a\x80"), "the object is truncated"),
-    (envelope("v1", "ConfigMap", meta(ld(1, b"\xff\xfe"))), "a name that is not UTF-8"),
-    (envelope("v1", "ConfigMap", entry(2, "k", b"\xc3")), "a value that is not UTF-8"),
-    (envelope("v1", "ConfigMap", meta(ld(8, vi(1, 2**62)))), "a timestamp out of range"),
-    (MAGIC + b"\x2b" * 100_000, "groups nested past any depth limit"),
-    (envelope("v1", "ConfigMap", b"\x2b" * 100_000), "the same inside the object"),
-    (envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b"1"))))), "fieldsV1 not an object"),
-    (envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b"[" * 100_000))))), "fieldsV1 too deep"),
-])
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"", "empty"),
+        (b"k8s", "short magic"),
+        (b'{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}', "JSON, no magic"),
+        (b"\xd9\xd9\xf7\xa2dkindiConfigMapjapiVersionbv1", "CBOR (self-described)"),
+        (b"\x0a\x0f\x0a\x02v1\x12\x09ConfigMap", "an envelope without the magic"),
+        (MAGIC, "magic only"),
+        (MAGIC + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "garbage after the magic"),
+        (MAGIC + b"garbage garbage", "text after the magic"),
+        (MAGIC + ld(2, meta(ld(1, "x"))), "no typeMeta"),
+        (envelope("v1", "", meta()), "empty kind"),
+        (MAGIC + ld(1, ld(1, "v1") + ld(2, "ConfigMap")), "an envelope cut before its object"),
+        (envelope("v1", "ConfigMap", b"\x0a\x80"), "the object is truncated"),
+        (envelope("v1", "ConfigMap", meta(ld(1, b"\xff\xfe"))), "a name that is not UTF-8"),
+        (envelope("v1", "ConfigMap", entry(2, "k", b"\xc3")), "a value that is not UTF-8"),
+        (envelope("v1", "ConfigMap", meta(ld(8, vi(1, 2**62)))), "a timestamp out of range"),
+        (MAGIC + b"\x2b" * 100_000, "groups nested past any depth limit"),
+        (envelope("v1", "ConfigMap", b"\x2b" * 100_000), "the same inside the object"),
+        (envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b"1"))))), "fieldsV1 not an object"),
+        (
+            envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b"[" * 100_000))))),
+            "fieldsV1 too deep",
+        ),
+    ],
+)
 def test_malformed_body_is_400(body: bytes, why: str) -> None:
     with pytest.raises(ProtobufError) as caught:
         transcode(body)

@@ -23,14 +23,18 @@ from tests.harness import ROOT
 _missing = [m for m in ("locust", "matplotlib") if importlib.util.find_spec(m) is None]
 if _missing:
     if os.environ.get("CI") == "true":
-        raise RuntimeError(f"the load extra is not installed ({', '.join(_missing)}); "
-                           "install '.[dev,load]'")
+        raise RuntimeError(
+            f"the load extra is not installed ({', '.join(_missing)}); install '.[dev,load]'"
+        )
     pytest.skip(f"needs the load extra: {', '.join(_missing)}", allow_module_level=True)
 
 SCENARIOS = {
     "limits": ["limits.csv", "limits-requests.csv", "limits-rates.png", "limits-latency.png"],
-    "noisy-neighbour": ["noisy-neighbour.csv", "noisy-neighbour-rates.png",
-                        "noisy-neighbour-latency.png"],
+    "noisy-neighbour": [
+        "noisy-neighbour.csv",
+        "noisy-neighbour-rates.png",
+        "noisy-neighbour-latency.png",
+    ],
     "quota-race": ["quota-race.csv", "quota-race.png"],
     "mix": ["mix_stats.csv", "mix-requests.png"],
 }
@@ -80,17 +84,27 @@ def _assert_all_stopped(out: Path) -> None:
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_scenario_runs_writes_results_and_stops_everything(scenario: str, tmp_path: Path,
-                                                           ) -> None:
+def test_scenario_runs_writes_results_and_stops_everything(
+    scenario: str,
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "out"
-    done = _run(["loadtests/run.py", scenario, "--seconds", "2", "--scale", "0.1",
-                 "--out", str(out)], timeout=60)
+    done = _run(
+        ["loadtests/run.py", scenario, "--seconds", "2", "--scale", "0.1", "--out", str(out)],
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = out / f"{scenario}-summary.txt"
     assert summary.read_text().startswith(f"scenario: {scenario}")
@@ -109,15 +123,37 @@ def test_scenario_runs_writes_results_and_stops_everything(scenario: str, tmp_pa
 @pytest.mark.slow
 def test_bench_runs_writes_results_and_stops_everything(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = _run(["loadtests/bench.py", "--seconds", "0.5", "--workers", "1", "--concurrency", "4",
-                 "--generator", "aiohttp", "--no-policy-bench", "--out", str(out)], timeout=60)
+    done = _run(
+        [
+            "loadtests/bench.py",
+            "--seconds",
+            "0.5",
+            "--workers",
+            "1",
+            "--concurrency",
+            "4",
+            "--generator",
+            "aiohttp",
+            "--no-policy-bench",
+            "--out",
+            str(out),
+        ],
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out / "bench.csv") as fh:
         configs = {(r["config"], r["workload"]) for r in csv.DictReader(fh)}
-    assert configs == {("a direct", "get"), ("b passthrough", "get"), ("c sidecar w1", "get"),
-                       ("a direct", "create"), ("b passthrough", "create"),
-                       ("d sidecar w1", "create"), ("a direct", "get-c1"),
-                       ("b passthrough", "get-c1"), ("c sidecar w1", "get-c1")}
+    assert configs == {
+        ("a direct", "get"),
+        ("b passthrough", "get"),
+        ("c sidecar w1", "get"),
+        ("a direct", "create"),
+        ("b passthrough", "create"),
+        ("d sidecar w1", "create"),
+        ("a direct", "get-c1"),
+        ("b passthrough", "get-c1"),
+        ("c sidecar w1", "get-c1"),
+    }
     assert "(c)/(b)" in (out / "bench-summary.txt").read_text()
     assert (out / "bench-throughput.png").stat().st_size > 0
     _assert_all_stopped(out)

@@ -69,10 +69,13 @@ def test_summarise_collapsed_counts_self_and_inclusive_time(tmp_path: Path) -> N
 
 
 def test_quota_row_reads_used_and_in_progress() -> None:
-    body = {"tenant": "t", "quotas": [
-        {"resource": "bays", "used": 1, "in_progress": 0},
-        {"resource": "servers", "used": 20, "in_progress": 2},
-    ]}
+    body = {
+        "tenant": "t",
+        "quotas": [
+            {"resource": "bays", "used": 1, "in_progress": 0},
+            {"resource": "servers", "used": 20, "in_progress": 2},
+        ],
+    }
     assert _quota_row(body) == (20, 2)
     assert _quota_row({"quotas": []}) == (-1, -1)
     assert _quota_row("not json") == (-1, -1)
@@ -84,8 +87,9 @@ async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> No
     async def handler(request: web.Request) -> web.Response:
         seen.append(request.headers["X-Stream"])
         if request.headers["X-Stream"] == "b":
-            return web.json_response({"reason": "TooManyRequests"}, status=429,
-                                     headers={"Retry-After": "1"})
+            return web.json_response(
+                {"reason": "TooManyRequests"}, status=429, headers={"Retry-After": "1"}
+            )
         return web.Response(text="ok")
 
     app = web.Application()
@@ -97,11 +101,18 @@ async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> No
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}/"
     try:
-        records = await open_loop([
-            Stream("a", 40, lambda _i: ("GET", url, {"X-Stream": "a"}, None), duration=0.5),
-            Stream("b", 20, lambda _i: ("GET", url, {"X-Stream": "b"}, None), start=0.25,
-                   duration=0.5),
-        ])
+        records = await open_loop(
+            [
+                Stream("a", 40, lambda _i: ("GET", url, {"X-Stream": "a"}, None), duration=0.5),
+                Stream(
+                    "b",
+                    20,
+                    lambda _i: ("GET", url, {"X-Stream": "b"}, None),
+                    start=0.25,
+                    duration=0.5,
+                ),
+            ]
+        )
     finally:
         await runner.cleanup()
     a = [r for r in records if r.stream == "a"]
@@ -109,8 +120,9 @@ async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> No
     assert len(a) == 20 and len(b) == 10
     assert seen.count("a") == 20 and seen.count("b") == 10
     assert all(r.status == 200 and r.reason == "" for r in a)
-    assert all(r.status == 429 and r.retry_after == "1" and r.reason == "TooManyRequests"
-               for r in b)
+    assert all(
+        r.status == 429 and r.retry_after == "1" and r.reason == "TooManyRequests" for r in b
+    )
     assert min(r.t for r in b) >= 0.25
     write_records(tmp_path / "r.csv", records)
     lines = (tmp_path / "r.csv").read_text().splitlines()

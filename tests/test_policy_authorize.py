@@ -86,8 +86,14 @@ class Client:
     def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
         self.http, self.url = http, url
 
-    async def __call__(self, who: str, method: str, path: str, body: Any = None,
-                       content_type: str = "application/json") -> tuple[int, Any]:
+    async def __call__(
+        self,
+        who: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {who}"}
         data = None
         if body is not None:
@@ -171,21 +177,36 @@ async def test_owner_only_list_is_filtered(client: Client, upstream: Upstream) -
 
 
 async def test_owner_patch_and_power(client: Client, upstream: Upstream) -> None:
-    status, body = await client("oscar", "PATCH", "/api/v1/nodes/n1",
-                                {"spec": {"resource_class": "gpu"}},
-                                "application/merge-patch+json")
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"resource_class": "gpu"}},
+        "application/merge-patch+json",
+    )
     assert status == 200 and body["echo"] == {"spec": {"resource_class": "gpu"}}
-    status, body = await client("oscar", "PATCH", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}},
-                                "application/merge-patch+json")
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"owner": "beta"}},
+        "application/merge-patch+json",
+    )
     assert status == 403 and "spec.owner" in body["message"]
-    status, _ = await client("oscar", "PATCH", "/api/v1/nodes/n1",
-                             [{"op": "remove", "path": "/spec/owner"}],
-                             "application/json-patch+json")
+    status, _ = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        [{"op": "remove", "path": "/spec/owner"}],
+        "application/json-patch+json",
+    )
     assert status == 403
-    assert (await client("oscar", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"}))[0] \
-        == 200
-    assert (await client("oscar", "PUT", "/api/v1/nodes/n2/power", {"target": "power on"}))[0] \
-        == 404
+    assert (await client("oscar", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"}))[
+        0
+    ] == 200
+    assert (await client("oscar", "PUT", "/api/v1/nodes/n2/power", {"target": "power on"}))[
+        0
+    ] == 404
     assert upstream.forwarded("PUT", "/api/v1/nodes/n2") == []
 
 
@@ -213,9 +234,11 @@ async def test_restricted_create_defaults_and_checks_owner(
 
 async def test_self_subject_access_review(client: Client, upstream: Upstream) -> None:
     before = len(upstream.seen)
-    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-              "spec": {"resourceAttributes": {"namespace": "dev", "verb": "list",
-                                              "resource": "pods"}}}
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"namespace": "dev", "verb": "list", "resource": "pods"}},
+    }
     path = "/apis/authorization.k8s.io/v1/tenants/acme/selfsubjectaccessreviews"
     status, body = await client("alice", "POST", path, review)
     assert status == 201 and body["kind"] == "SelfSubjectAccessReview"
@@ -223,16 +246,36 @@ async def test_self_subject_access_review(client: Client, upstream: Upstream) ->
     review["spec"]["resourceAttributes"]["namespace"] = "prod"
     status, body = await client("alice", "POST", path, review)
     assert status == 201 and body["status"]["allowed"] is False
-    status, body = await client("alice", "POST", path,
-                                {"spec": {"nonResourceAttributes": {"path": "/healthz",
-                                                                    "verb": "get"}}})
+    status, body = await client(
+        "alice",
+        "POST",
+        path,
+        {"spec": {"nonResourceAttributes": {"path": "/healthz", "verb": "get"}}},
+    )
     assert body["status"]["allowed"] is True
     # Owner rules in a review: the sidecar reads the owner like for a request.
-    status, body = await client("oscar", "POST", path, {"spec": {"resourceAttributes": {
-        "verb": "get", "resource": "nodes", "name": "n2", "scope": "cluster"}}})
+    status, body = await client(
+        "oscar",
+        "POST",
+        path,
+        {
+            "spec": {
+                "resourceAttributes": {
+                    "verb": "get",
+                    "resource": "nodes",
+                    "name": "n2",
+                    "scope": "cluster",
+                }
+            }
+        },
+    )
     assert status == 201 and body["status"]["allowed"] is False
-    for bad in ({}, {"spec": {}}, {"spec": {"resourceAttributes": {"verb": "get"}}},
-                {"spec": {"resourceAttributes": {"verb": "get", "resource": "a/b"}}}):
+    for bad in (
+        {},
+        {"spec": {}},
+        {"spec": {"resourceAttributes": {"verb": "get"}}},
+        {"spec": {"resourceAttributes": {"verb": "get", "resource": "a/b"}}},
+    ):
         assert (await client("alice", "POST", path, bad))[0] == 400, bad
     assert (await client("alice", "POST", path, b"[1"))[0] == 400
     assert [s for s in upstream.seen[before:] if "accessreviews" in s[1]] == []
@@ -240,8 +283,12 @@ async def test_self_subject_access_review(client: Client, upstream: Upstream) ->
 
 async def test_subject_access_review(client: Client) -> None:
     path = "/apis/authorization.k8s.io/v1/tenants/acme/subjectaccessreviews"
-    review = {"spec": {"user": "vera", "resourceAttributes": {
-        "namespace": "prod", "verb": "get", "resource": "pods"}}}
+    review = {
+        "spec": {
+            "user": "vera",
+            "resourceAttributes": {"namespace": "prod", "verb": "get", "resource": "pods"},
+        }
+    }
     status, body = await client("ada", "POST", path, review)
     assert status == 201 and body["kind"] == "SubjectAccessReview"
     assert body["status"]["allowed"] is True

@@ -41,15 +41,19 @@ def target(method: str, path: str) -> Any:
 def test_can_reach(bundle: PolicyBundle) -> None:
     e = bundle.engine
     # ClusterRoleBinding crosses tenants; any verb counts.
-    assert e.can_reach(who("system:serviceaccount:ci:bot", "acme"),
-                       target("DELETE", "/api/v1/tenants/beta/namespaces/dev/pods/x"))
+    assert e.can_reach(
+        who("system:serviceaccount:ci:bot", "acme"),
+        target("DELETE", "/api/v1/tenants/beta/namespaces/dev/pods/x"),
+    )
     # A TenantRoleBinding never reaches another tenant.
-    assert not e.can_reach(who("vera", "acme"),
-                           target("GET", "/api/v1/tenants/beta/namespaces/dev/pods"))
+    assert not e.can_reach(
+        who("vera", "acme"), target("GET", "/api/v1/tenants/beta/namespaces/dev/pods")
+    )
     # Cluster-scoped objects: through the tenant's own owner rules only.
     assert e.can_reach(who("o", "acme", "node-owners"), target("GET", "/api/v1/nodes/n1"))
-    assert not e.can_reach(who("o", "acme", "node-owners"),
-                           target("GET", "/api/v1/persistentvolumes/p"))
+    assert not e.can_reach(
+        who("o", "acme", "node-owners"), target("GET", "/api/v1/persistentvolumes/p")
+    )
     assert not e.can_reach(who("vera", "acme"), target("GET", "/api/v1/nodes"))
     assert e.can_reach(who("root", "system"), target("GET", "/api/v1/tenants/beta"))
     assert not e.can_reach(who("root", "acme"), target("GET", "/api/v1/tenants/beta"))
@@ -58,8 +62,9 @@ def test_can_reach(bundle: PolicyBundle) -> None:
 def test_rule_ids_are_file_and_line(bundle: PolicyBundle) -> None:
     ids = bundle.engine.rule_ids()
     assert ids and all(i.rsplit(":", 1)[0].endswith("00-policy.yaml") for i in ids)
-    d = bundle.engine.decide(who("alice", "acme"),
-                             target("GET", "/api/v1/tenants/acme/namespaces/dev/pods"))
+    d = bundle.engine.decide(
+        who("alice", "acme"), target("GET", "/api/v1/tenants/acme/namespaces/dev/pods")
+    )
     assert d.outcome == "allow" and d.rule_id in ids
     assert "RoleBinding acme/dev/dev-view" in d.reason and "ClusterRole view" in d.reason
     assert d.revision == bundle.revision
@@ -73,13 +78,26 @@ def test_invalid_caller_tenant_is_denied(bundle: PolicyBundle, tenant: str) -> N
 
 @pytest.mark.parametrize(
     "obj",
-    [None, {}, [], "acme", 3, {"spec": None}, {"spec": []}, {"spec": {"owner": None}},
-     {"spec": {"owner": {"name": "acme"}}}, {"spec": {"owner": ["acme"]}},
-     {"spec": {"owner": True}}, {"spec": {"owner": ""}}, {"spec": {"owner": "beta"}}],
+    [
+        None,
+        {},
+        [],
+        "acme",
+        3,
+        {"spec": None},
+        {"spec": []},
+        {"spec": {"owner": None}},
+        {"spec": {"owner": {"name": "acme"}}},
+        {"spec": {"owner": ["acme"]}},
+        {"spec": {"owner": True}},
+        {"spec": {"owner": ""}},
+        {"spec": {"owner": "beta"}},
+    ],
 )
 def test_odd_owner_values_are_notfound_not_errors(bundle: PolicyBundle, obj: Any) -> None:
-    d = bundle.engine.decide(who("o", "acme", "node-owners"), target("GET", "/api/v1/nodes/n1"),
-                             obj)
+    d = bundle.engine.decide(
+        who("o", "acme", "node-owners"), target("GET", "/api/v1/nodes/n1"), obj
+    )
     assert d.outcome == "notfound"
 
 
@@ -117,8 +135,10 @@ def test_decision_cache_is_bounded(bundle: PolicyBundle) -> None:
 
 def test_tenant_caller_cannot_forge_cross_tenant_group(bundle: PolicyBundle) -> None:
     # A group name that looks like another subject key stays inside the caller's tenant.
-    d = bundle.engine.decide(who("x", "acme", "system:operators", "*", "g:system:operators"),
-                             target("GET", "/api/v1/nodes"))
+    d = bundle.engine.decide(
+        who("x", "acme", "system:operators", "*", "g:system:operators"),
+        target("GET", "/api/v1/nodes"),
+    )
     assert d.outcome == "deny"
 
 
@@ -127,8 +147,9 @@ def test_compile_output(bundle: PolicyBundle, capsys: pytest.CaptureFixture[str]
     assert text.startswith("[request_definition]")
     assert 'p, cr:view, res, "", "pods, services' not in text
     assert any(line.startswith("p, cr:view, res, ") for line in text.splitlines())
-    assert any(line.startswith("g, g:system:operators, cr:cluster-admin, *")
-               for line in text.splitlines())
+    assert any(
+        line.startswith("g, g:system:operators, cr:cluster-admin, *") for line in text.splitlines()
+    )
     assert print_compiled([str(CASES_DIR)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# revision ") and "[matchers]" in out
@@ -152,28 +173,93 @@ def _cli(args: list[str]) -> int:
 
 
 def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
-    code = _cli(["explain", "--user", "o", "--tenant", "acme", "--group", "node-owners",
-                 "--object", '{"spec": {"owner": "acme"}}', "--json",
-                 "PATCH", "/api/v1/nodes/n1", str(CASES_DIR)])
+    code = _cli(
+        [
+            "explain",
+            "--user",
+            "o",
+            "--tenant",
+            "acme",
+            "--group",
+            "node-owners",
+            "--object",
+            '{"spec": {"owner": "acme"}}',
+            "--json",
+            "PATCH",
+            "/api/v1/nodes/n1",
+            str(CASES_DIR),
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"target", "decision", "reason", "revision"}
-    assert set(out["target"]) == {"verb", "apiGroup", "apiVersion", "scope", "tenant",
-                                  "namespace", "resource", "subresource", "name",
-                                  "resourceRequest", "path"}
+    assert set(out["target"]) == {
+        "verb",
+        "apiGroup",
+        "apiVersion",
+        "scope",
+        "tenant",
+        "namespace",
+        "resource",
+        "subresource",
+        "name",
+        "resourceRequest",
+        "path",
+    }
     assert out["decision"] == "allow" and out["target"]["scope"] == "cluster"
     assert "owner rule" in out["reason"]
 
 
 def test_explain_text_and_bad_path(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli(["explain", "--user", "alice", "--tenant", "acme", "GET",
-                 "/api/v1/namespaces/dev/pods", str(CASES_DIR)]) == 0
+    assert (
+        _cli(
+            [
+                "explain",
+                "--user",
+                "alice",
+                "--tenant",
+                "acme",
+                "GET",
+                "/api/v1/namespaces/dev/pods",
+                str(CASES_DIR),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "decision: allow" in out and "tenant=acme" in out
-    assert _cli(["explain", "--user", "a", "--tenant", "acme", "GET",
-                 "/api/v1/tenants/ACME/pods", str(CASES_DIR)]) == 2
-    assert _cli(["explain", "--user", "a", "--tenant", "acme", "--object", "{", "GET",
-                 "/healthz", str(CASES_DIR)]) == 2
+    assert (
+        _cli(
+            [
+                "explain",
+                "--user",
+                "a",
+                "--tenant",
+                "acme",
+                "GET",
+                "/api/v1/tenants/ACME/pods",
+                str(CASES_DIR),
+            ]
+        )
+        == 2
+    )
+    assert (
+        _cli(
+            [
+                "explain",
+                "--user",
+                "a",
+                "--tenant",
+                "acme",
+                "--object",
+                "{",
+                "GET",
+                "/healthz",
+                str(CASES_DIR),
+            ]
+        )
+        == 2
+    )
 
 
 def test_explain_short_path_for_system_caller(bundle: PolicyBundle) -> None:
@@ -182,30 +268,51 @@ def test_explain_short_path_for_system_caller(bundle: PolicyBundle) -> None:
 
 
 def test_evaluate_case_errors(bundle: PolicyBundle) -> None:
-    assert evaluate_case(bundle, {"identity": {"user": "a"}, "request": {"path": "/x"}})[0] \
+    assert (
+        evaluate_case(bundle, {"identity": {"user": "a"}, "request": {"path": "/x"}})[0] == "error"
+    )
+    assert (
+        evaluate_case(
+            bundle,
+            {
+                "identity": {"user": "a", "tenant": "acme"},
+                "request": {"method": "GET", "path": "/api/v1/a//b"},
+            },
+        )[0]
         == "error"
-    assert evaluate_case(bundle, {"identity": {"user": "a", "tenant": "acme"},
-                                  "request": {"method": "GET", "path": "/api/v1/a//b"}})[0] \
-        == "error"
-    got = evaluate_case(bundle, {
-        "identity": {"user": "o", "tenant": "acme", "groups": ["node-owners"]},
-        "request": {"method": "POST", "path": "/apis/baremetal/v1/tenants/acme/allocations",
-                    "body": "not json"}})
+    )
+    got = evaluate_case(
+        bundle,
+        {
+            "identity": {"user": "o", "tenant": "acme", "groups": ["node-owners"]},
+            "request": {
+                "method": "POST",
+                "path": "/apis/baremetal/v1/tenants/acme/allocations",
+                "body": "not json",
+            },
+        },
+    )
     assert got[0] == "error"
 
 
 def test_large_generated_policy_decides_by_index() -> None:
     # 2,000 tenants with their own bindings: a decision touches only the caller's lines.
-    parts = ["kind: ClusterRole\nmetadata: {name: view}\nrules:\n- apiGroups: ['']\n"
-             "  resources: [pods]\n  verbs: [get, list]\n"]
+    parts = [
+        "kind: ClusterRole\nmetadata: {name: view}\nrules:\n- apiGroups: ['']\n"
+        "  resources: [pods]\n  verbs: [get, list]\n"
+    ]
     for i in range(2000):
-        parts.append(f"kind: TenantRoleBinding\nmetadata: {{name: b, tenant: t{i}}}\n"
-                     "roleRef: {kind: ClusterRole, name: view}\n"
-                     "subjects: [{kind: User, name: u}]\n")
+        parts.append(
+            f"kind: TenantRoleBinding\nmetadata: {{name: b, tenant: t{i}}}\n"
+            "roleRef: {kind: ClusterRole, name: view}\n"
+            "subjects: [{kind: User, name: u}]\n"
+        )
     docs, problems = parse_yaml_documents("---\n".join(parts), "big.yaml")
     engine, problems = compile_engine(docs, "r")
     assert problems == [] and engine.line_count == 2001
-    assert engine.decide(who("u", "t1999"),
-                         target("GET", "/api/v1/tenants/t1999/namespaces/x/pods")).allowed
-    assert not engine.decide(who("u", "t1999"),
-                             target("GET", "/api/v1/tenants/t1998/namespaces/x/pods")).allowed
+    assert engine.decide(
+        who("u", "t1999"), target("GET", "/api/v1/tenants/t1999/namespaces/x/pods")
+    ).allowed
+    assert not engine.decide(
+        who("u", "t1999"), target("GET", "/api/v1/tenants/t1998/namespaces/x/pods")
+    ).allowed

@@ -68,7 +68,11 @@ def test_duplicate_keys_and_bad_yaml_are_problems_with_lines() -> None:
     _, problems = parse_yaml_documents("kind: A\nmetadata: {}\nkind: B\n", "f.yaml")
     assert [str(p) for p in problems] == ["f.yaml:3: not valid YAML: duplicate key 'kind'"]
     _, problems = parse_yaml_documents("kind: A\nrules: [unclosed\n", "g.yaml")
-    assert len(problems) == 1 and problems[0].file == "g.yaml" and "not valid YAML" in problems[0].message
+    assert (
+        len(problems) == 1
+        and problems[0].file == "g.yaml"
+        and "not valid YAML" in problems[0].message
+    )
     _, problems = parse_yaml_documents("kind: A\nx: *nowhere\n", "h.yaml")
     assert len(problems) == 1 and "undefined alias" in problems[0].message
     docs, problems = parse_yaml_documents("- a\n---\nkind: B\n---\nmetadata: {}\n", "i.yaml")
@@ -80,8 +84,12 @@ def test_duplicate_keys_and_bad_yaml_are_problems_with_lines() -> None:
 
 
 _leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-    st.text(max_size=8), st.sampled_from(["yes", "no", "on", "~", "1e3", "0o17", "<<x", "*"]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(["yes", "no", "on", "~", "1e3", "0o17", "<<x", "*"]),
 )
 _tree = st.recursive(
     _leaf,

@@ -19,12 +19,15 @@ from tests.test_policy_authorize import CASES_DIR, TOKENS
 def processes(tmp_path: Path) -> Iterator[str]:
     store = harness.start_store(tmp_path)
     tokens = harness.write_tokens(tmp_path, TOKENS)
-    sidecar = harness.start_sidecar(tmp_path, {
-        "upstream": store.url,
-        "policies": str(CASES_DIR),
-        "identity": {"tokenFile": str(tokens)},
-        "reload": {"enabled": False},
-    })
+    sidecar = harness.start_sidecar(
+        tmp_path,
+        {
+            "upstream": store.url,
+            "policies": str(CASES_DIR),
+            "identity": {"tokenFile": str(tokens)},
+            "reload": {"enabled": False},
+        },
+    )
     try:
         yield sidecar.url
     finally:
@@ -36,8 +39,14 @@ class Client:
     def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
         self.http, self.url = http, url
 
-    async def __call__(self, who: str, method: str, path: str, body: Any = None,
-                       content_type: str = "application/json") -> tuple[int, Any]:
+    async def __call__(
+        self,
+        who: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {who}"}
         data = None
         if body is not None:
@@ -53,16 +62,22 @@ async def client(processes: str) -> AsyncIterator[Client]:
     async with aiohttp.ClientSession() as http:
         c = Client(http, processes)
         for tenant in ("acme", "beta"):
-            status, body = await c("root", "POST", "/api/v1/tenants",
-                                   {"metadata": {"name": tenant}})
+            status, body = await c(
+                "root", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+            )
             assert status == 201, body
-        for name, owner, rclass in (("n1", "acme", "gpu"), ("n2", "beta", "gpu"),
-                                    ("n3", None, "gpu"), ("n4", "acme", "cpu")):
+        for name, owner, rclass in (
+            ("n1", "acme", "gpu"),
+            ("n2", "beta", "gpu"),
+            ("n3", None, "gpu"),
+            ("n4", "acme", "cpu"),
+        ):
             spec: dict[str, Any] = {"resource_class": rclass}
             if owner:
                 spec["owner"] = owner
-            status, body = await c("root", "POST", "/api/v1/nodes",
-                                   {"metadata": {"name": name}, "spec": spec})
+            status, body = await c(
+                "root", "POST", "/api/v1/nodes", {"metadata": {"name": name}, "spec": spec}
+            )
             assert status == 201, body
         yield c
 
@@ -77,20 +92,33 @@ async def test_node_owners_get_patch_power_and_404_on_others(client: Client) -> 
     for other in ("n2", "n3", "nosuch"):
         status, body = await client("oscar", "GET", f"/api/v1/nodes/{other}")
         assert status == 404 and body == {**body, "kind": "Status", "reason": "NotFound"}
-    status, body = await client("oscar", "PATCH", "/api/v1/nodes/n1",
-                                {"spec": {"resource_class": "big-gpu"}},
-                                "application/merge-patch+json")
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"resource_class": "big-gpu"}},
+        "application/merge-patch+json",
+    )
     assert status == 200, body
     status, body = await client("root", "GET", "/api/v1/nodes/n1")
     assert body["spec"] == {"owner": "acme", "resource_class": "big-gpu"}
-    status, body = await client("oscar", "PATCH", "/api/v1/nodes/n1",
-                                {"spec": {"owner": "beta"}}, "application/merge-patch+json")
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"owner": "beta"}},
+        "application/merge-patch+json",
+    )
     assert status == 403
-    status, body = await client("oscar", "PATCH", "/api/v1/nodes/n2",
-                                {"spec": {"resource_class": "x"}}, "application/merge-patch+json")
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n2",
+        {"spec": {"resource_class": "x"}},
+        "application/merge-patch+json",
+    )
     assert status == 404
-    status, body = await client("oscar", "PUT", "/api/v1/nodes/n1/power",
-                                {"target": "power on"})
+    status, body = await client("oscar", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"})
     assert status == 202 and body["power_state"] == "power on"
     status, _ = await client("oscar", "PUT", "/api/v1/nodes/n2/power", {"target": "power on"})
     assert status == 404
@@ -114,21 +142,34 @@ async def test_filtered_versus_full_node_lists(client: Client) -> None:
 
 async def test_restricted_and_unrestricted_allocations(client: Client) -> None:
     acme = "/apis/baremetal/v1/tenants/acme/allocations"
-    status, body = await client("oscar", "POST", acme,
-                                {"metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}})
+    status, body = await client(
+        "oscar", "POST", acme, {"metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}}
+    )
     assert status == 201, body
     assert body["spec"]["owner"] == "acme"  # defaulted by the sidecar
     assert body["status"] == {"state": "active", "node": "n1"}
-    status, body = await client("oscar", "POST", acme, {
-        "metadata": {"name": "a2"}, "spec": {"resource_class": "gpu", "owner": "beta"}})
+    status, body = await client(
+        "oscar",
+        "POST",
+        acme,
+        {"metadata": {"name": "a2"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
+    )
     assert status == 403 and "owner" in body["message"]
     # An admin (unconditional create) may allocate from any owner's nodes.
-    status, body = await client("root", "POST", acme, {
-        "metadata": {"name": "a3"}, "spec": {"resource_class": "gpu", "owner": "beta"}})
+    status, body = await client(
+        "root",
+        "POST",
+        acme,
+        {"metadata": {"name": "a3"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
+    )
     assert status == 201 and body["status"]["node"] == "n2"
     # beta's unrestricted allocator (a TenantRoleBinding) may not take acme's nodes.
-    status, body = await client("bob", "POST", "/apis/baremetal/v1/tenants/beta/allocations", {
-        "metadata": {"name": "b1"}, "spec": {"resource_class": "cpu", "owner": "acme"}})
+    status, body = await client(
+        "bob",
+        "POST",
+        "/apis/baremetal/v1/tenants/beta/allocations",
+        {"metadata": {"name": "b1"}, "spec": {"resource_class": "cpu", "owner": "acme"}},
+    )
     assert status == 403 and "owner" in body["message"]
     status, body = await client("root", "GET", "/apis/baremetal/v1/tenants/beta/allocations/b1")
     assert status == 404
@@ -139,4 +180,3 @@ async def test_restricted_and_unrestricted_allocations(client: Client) -> None:
     assert names(body) == ["a1", "a3"]
     assert (await client("oscar", "GET", f"{acme}/a3"))[0] == 404
     assert (await client("oscar", "DELETE", f"{acme}/a1"))[0] == 200
-

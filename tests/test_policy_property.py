@@ -40,8 +40,9 @@ rules = st.fixed_dictionaries(
 url_rules = st.fixed_dictionaries(
     {
         "nonResourceURLs": st.lists(st.sampled_from(URLS), min_size=1, max_size=2, unique=True),
-        "verbs": st.lists(st.sampled_from(["get", "post", "*"]), min_size=1, max_size=2,
-                          unique=True),
+        "verbs": st.lists(
+            st.sampled_from(["get", "post", "*"]), min_size=1, max_size=2, unique=True
+        ),
     }
 )
 subjects = st.one_of(
@@ -54,12 +55,22 @@ subjects = st.one_of(
 def policies(draw: Any) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):
-        docs.append({"kind": "ClusterRole", "metadata": {"name": f"c{i}"},
-                     "rules": draw(st.lists(rules | url_rules, min_size=1, max_size=3))})
+        docs.append(
+            {
+                "kind": "ClusterRole",
+                "metadata": {"name": f"c{i}"},
+                "rules": draw(st.lists(rules | url_rules, min_size=1, max_size=3)),
+            }
+        )
     for i in range(draw(st.integers(0, 2))):
         t = draw(st.sampled_from(TENANTS))
-        docs.append({"kind": "TenantRole", "metadata": {"name": f"t{i}", "tenant": t},
-                     "rules": draw(st.lists(rules, min_size=1, max_size=2))})
+        docs.append(
+            {
+                "kind": "TenantRole",
+                "metadata": {"name": f"t{i}", "tenant": t},
+                "rules": draw(st.lists(rules, min_size=1, max_size=2)),
+            }
+        )
     for i in range(draw(st.integers(2, 8))):
         kind = draw(st.sampled_from(["ClusterRoleBinding", "TenantRoleBinding", "RoleBinding"]))
         t, ns = draw(st.sampled_from(TENANTS)), draw(st.sampled_from(NAMESPACES))
@@ -68,37 +79,62 @@ def policies(draw: Any) -> list[dict[str, Any]]:
             meta["tenant"] = t
         if kind == "RoleBinding":
             meta["namespace"] = ns
-        candidates = [d for d in docs if d["kind"] == "ClusterRole"
-                      or (kind != "ClusterRoleBinding" and d["kind"] == "TenantRole"
-                          and d["metadata"].get("tenant") == t)]
+        candidates = [
+            d
+            for d in docs
+            if d["kind"] == "ClusterRole"
+            or (
+                kind != "ClusterRoleBinding"
+                and d["kind"] == "TenantRole"
+                and d["metadata"].get("tenant") == t
+            )
+        ]
         role = draw(st.sampled_from(candidates))
         subs = draw(st.lists(subjects, min_size=1, max_size=2))
         if kind == "ClusterRoleBinding":
-            subs = [dict(s, tenant=draw(st.sampled_from(TENANTS)))
-                    if s["name"] != "system:authenticated" else s for s in subs]
-        docs.append({"kind": kind, "metadata": meta, "subjects": subs,
-                     "roleRef": {"kind": role["kind"], "name": role["metadata"]["name"]}})
+            subs = [
+                dict(s, tenant=draw(st.sampled_from(TENANTS)))
+                if s["name"] != "system:authenticated"
+                else s
+                for s in subs
+            ]
+        docs.append(
+            {
+                "kind": kind,
+                "metadata": meta,
+                "subjects": subs,
+                "roleRef": {"kind": role["kind"], "name": role["metadata"]["name"]},
+            }
+        )
     return docs
 
 
 @st.composite
 def requests(draw: Any) -> tuple[Identity, RequestTarget]:
-    identity = Identity(draw(st.sampled_from(USERS + USERS[:2])), draw(st.sampled_from(TENANTS)),
-                        tuple(draw(st.lists(st.sampled_from(GROUPS[:1]), max_size=1))))
+    identity = Identity(
+        draw(st.sampled_from(USERS + USERS[:2])),
+        draw(st.sampled_from(TENANTS)),
+        tuple(draw(st.lists(st.sampled_from(GROUPS[:1]), max_size=1))),
+    )
     if draw(st.integers(0, 9)) == 0:
         path = draw(st.sampled_from(["/healthz", "/debug/x", "/debugx", "/other"]))
-        return identity, RequestTarget(path=path, verb=draw(st.sampled_from(["get", "post"])),
-                                       resource_request=False)
+        return identity, RequestTarget(
+            path=path, verb=draw(st.sampled_from(["get", "post"])), resource_request=False
+        )
     scope = draw(st.sampled_from(list(Scope)))
     resource = draw(st.sampled_from(["pods", "pods", "nodes", "nodes", "*", "p:ods", "pöds"]))
     sub = draw(st.sampled_from(["", "", "", "log", "*"]))
     return identity, RequestTarget(
-        path="/x", verb=draw(st.sampled_from([*VERBS[:-1], "watch", "*"])),
-        resource_request=True, api_group=draw(st.sampled_from(["", "", "apps", "*"])),
-        api_version="v1", scope=scope,
+        path="/x",
+        verb=draw(st.sampled_from([*VERBS[:-1], "watch", "*"])),
+        resource_request=True,
+        api_group=draw(st.sampled_from(["", "", "apps", "*"])),
+        api_version="v1",
+        scope=scope,
         tenant=None if scope == Scope.CLUSTER else draw(st.sampled_from(TENANTS)),
         namespace=draw(st.sampled_from(NAMESPACES)) if scope == Scope.NAMESPACE else None,
-        resource=resource, subresource=sub,
+        resource=resource,
+        subresource=sub,
         name=draw(st.sampled_from(["", "a", "b", "*"])) if not sub else "a",
     )
 

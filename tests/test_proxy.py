@@ -58,8 +58,9 @@ class Upstream:
             "sha256": digest.hexdigest(),
         }
         self.seen.append(record)
-        return web.json_response(record, headers={"Connection": "keep-alive, X-Hop",
-                                                  "X-Hop": "secret", "X-Up": "yes"})
+        return web.json_response(
+            record, headers={"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-Up": "yes"}
+        )
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         self.seen.append({"method": request.method, "raw_path": request.raw_path})
@@ -111,9 +112,12 @@ class Upstream:
 
 
 def sidecar_config(tmp: Path, upstream_url: str, **extra: Any) -> dict[str, Any]:
-    tokens = harness.write_tokens(tmp, [
-        {"token": "admin-token", "user": "admin", "tenant": "system", "groups": ["ops"]},
-    ])
+    tokens = harness.write_tokens(
+        tmp,
+        [
+            {"token": "admin-token", "user": "admin", "tenant": "system", "groups": ["ops"]},
+        ],
+    )
     config: dict[str, Any] = {
         "upstream": upstream_url,
         "policies": str(FIXTURES / "allow_admin"),
@@ -152,7 +156,8 @@ async def sidecar(
 ) -> AsyncIterator[TestServer]:
     _, up_server = upstream
     server = await start_inprocess(
-        tmp_path, str(up_server.make_url("")).rstrip("/"),
+        tmp_path,
+        str(up_server.make_url("")).rstrip("/"),
         limits={"upstreamReadTimeout": 1.0, "maxBodyBytes": 1 * MiB},
     )
     yield server
@@ -205,8 +210,10 @@ async def test_query_and_encoded_slash_preserved_byte_for_byte(
 ) -> None:
     up, _ = upstream
     raw = f"{NS}/a%2Fb%2fc?x=1&x=2&y=%2F&x=3&empty="
-    request = (f"GET {raw} HTTP/1.1\r\nHost: example\r\nAuthorization: Bearer admin-token\r\n"
-               "Connection: close\r\n\r\n").encode()
+    request = (
+        f"GET {raw} HTTP/1.1\r\nHost: example\r\nAuthorization: Bearer admin-token\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     reply = await raw_request(sidecar.port, request)
     code, body = status_body(reply)
     assert code == 200, reply
@@ -214,7 +221,9 @@ async def test_query_and_encoded_slash_preserved_byte_for_byte(
     assert up.seen[-1]["raw_path"] == raw
 
 
-async def test_headers_rewritten(sidecar: TestServer, upstream: tuple[Upstream, TestServer]) -> None:
+async def test_headers_rewritten(
+    sidecar: TestServer, upstream: tuple[Upstream, TestServer]
+) -> None:
     up, _ = upstream
     headers = {
         **ADMIN,
@@ -282,8 +291,10 @@ async def test_bad_targets_get_status_and_are_not_forwarded(
     target: str, code: int, sidecar: TestServer, upstream: tuple[Upstream, TestServer]
 ) -> None:
     up, _ = upstream
-    request = (f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
-               "Connection: close\r\n\r\n").encode()
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     got, body = status_body(await raw_request(sidecar.port, request))
     assert got == code
     assert body["kind"] == "Status" and body["code"] == code and body["status"] == "Failure"
@@ -291,10 +302,14 @@ async def test_bad_targets_get_status_and_are_not_forwarded(
     assert up.seen == []
 
 
-async def test_non_utf8_bytes_in_path(sidecar: TestServer, upstream: tuple[Upstream, TestServer]) -> None:
+async def test_non_utf8_bytes_in_path(
+    sidecar: TestServer, upstream: tuple[Upstream, TestServer]
+) -> None:
     up, _ = upstream
-    request = (b"GET /api/v1/nodes/\xff\xfe HTTP/1.1\r\nHost: x\r\n"
-               b"Authorization: Bearer admin-token\r\nConnection: close\r\n\r\n")
+    request = (
+        b"GET /api/v1/nodes/\xff\xfe HTTP/1.1\r\nHost: x\r\n"
+        b"Authorization: Bearer admin-token\r\nConnection: close\r\n\r\n"
+    )
     reply = await raw_request(sidecar.port, request)
     code = int(reply.split(b" ")[1])
     assert 400 <= code < 500
@@ -303,14 +318,18 @@ async def test_non_utf8_bytes_in_path(sidecar: TestServer, upstream: tuple[Upstr
 
 async def test_unknown_method(sidecar: TestServer, upstream: tuple[Upstream, TestServer]) -> None:
     up, _ = upstream
-    request = (f"BREW {NS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
-               "Connection: close\r\n\r\n").encode()
+    request = (
+        f"BREW {NS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     code, body = status_body(await raw_request(sidecar.port, request))
     assert code == 405 and body["reason"] == "MethodNotAllowed"
     assert up.seen == []
 
 
-async def test_oversized_headers(sidecar: TestServer, upstream: tuple[Upstream, TestServer]) -> None:
+async def test_oversized_headers(
+    sidecar: TestServer, upstream: tuple[Upstream, TestServer]
+) -> None:
     up, _ = upstream
     async with aiohttp.ClientSession() as s:
         big = {**ADMIN, **{f"X-Pad-{i}": "p" * 4000 for i in range(10)}}
@@ -409,8 +428,9 @@ async def test_watch_streams_past_the_read_timeout(
     events = []
     arrival = []
     async with aiohttp.ClientSession() as s:
-        async with s.get(url(sidecar, "/api/v1/watch/tenants/acme/namespaces/dev/pods"),
-                         headers=ADMIN) as r:
+        async with s.get(
+            url(sidecar, "/api/v1/watch/tenants/acme/namespaces/dev/pods"), headers=ADMIN
+        ) as r:
             assert r.status == 200
             async for line in r.content:
                 if line.strip():
@@ -443,8 +463,11 @@ async def test_readyz_healthz_metrics(
     assert "sidecar_request_duration_seconds_bucket" in text
     assert "sidecar_requests_in_flight" in text
     # health endpoints never reach the upstream
-    assert all(rec["raw_path"] != "/healthz" or rec.get("method") != "GET" or False
-               for rec in up.seen if rec["raw_path"] in ("/metrics", "/readyz"))
+    assert all(
+        rec["raw_path"] != "/healthz" or rec.get("method") != "GET" or False
+        for rec in up.seen
+        if rec["raw_path"] in ("/metrics", "/readyz")
+    )
     assert not any(rec["raw_path"] in ("/metrics", "/readyz") for rec in up.seen)
 
 
@@ -452,15 +475,19 @@ async def test_client_disconnect_mid_download_leaves_sidecar_healthy(
     sidecar: TestServer,
 ) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
-    writer.write(b"GET /download/30000000 HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer admin-token\r\n\r\n")
+    writer.write(
+        b"GET /download/30000000 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n\r\n"
+    )
     await writer.drain()
     await reader.read(100000)
     writer.transport.abort()
     # and mid-upload
     _reader2, writer2 = await asyncio.open_connection("127.0.0.1", sidecar.port)
-    writer2.write(f"PUT {NS}/c1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
-                  "Content-Length: 900000\r\n\r\n".encode() + b"z" * 1000)
+    writer2.write(
+        f"PUT {NS}/c1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
+        "Content-Length: 900000\r\n\r\n".encode()
+        + b"z" * 1000
+    )
     await writer2.drain()
     writer2.transport.abort()
     await asyncio.sleep(0.3)
@@ -482,8 +509,9 @@ async def test_50mib_upload_and_download_stream_without_buffering(
     tmp_path: Path, upstream: tuple[Upstream, TestServer]
 ) -> None:
     _up, up_server = upstream
-    config = sidecar_config(tmp_path, str(up_server.make_url("")).rstrip("/"),
-                            limits={"maxBodyBytes": 200 * MiB})
+    config = sidecar_config(
+        tmp_path, str(up_server.make_url("")).rstrip("/"), limits={"maxBodyBytes": 200 * MiB}
+    )
     proc = await asyncio.to_thread(harness.start_sidecar, tmp_path, config)
     try:
         base = proc.url

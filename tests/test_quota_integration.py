@@ -50,18 +50,23 @@ SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"
 STORE_HEADERS = {"X-Remote-User": "test", "X-Remote-Tenant": "system"}
 
 
-def base_config(tmp: Path, upstream: str, limit: int, ledger: str,
-                **extra: Any) -> dict[str, Any]:
+def base_config(tmp: Path, upstream: str, limit: int, ledger: str, **extra: Any) -> dict[str, Any]:
     policies = tmp / "policies"
     policies.mkdir(exist_ok=True)
     (policies / "policy.yaml").write_text(POLICY.replace("LIMIT", str(limit)))
-    tokens = harness.write_tokens(tmp, [
-        {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
-        {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
-    ])
+    tokens = harness.write_tokens(
+        tmp,
+        [
+            {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
+            {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
+        ],
+    )
     config: dict[str, Any] = {
-        "upstream": upstream, "policies": str(policies), "ledger": ledger,
-        "identity": {"tokenFile": str(tokens)}, "reload": {"enabled": False},
+        "upstream": upstream,
+        "policies": str(policies),
+        "ledger": ledger,
+        "identity": {"tokenFile": str(tokens)},
+        "reload": {"enabled": False},
     }
     config.update(extra)
     return config
@@ -83,8 +88,9 @@ def open_test_ledger(kind: str, tmp: Path, url: str, prefix: str, ttl: float = 3
 
 
 async def make_tenant(http: aiohttp.ClientSession, base: str) -> None:
-    async with http.post(f"{base}/api/v1/tenants", json={"metadata": {"name": "acme"}},
-                         headers=ADMIN) as r:
+    async with http.post(
+        f"{base}/api/v1/tenants", json={"metadata": {"name": "acme"}}, headers=ADMIN
+    ) as r:
         assert r.status in (200, 201), await r.text()
 
 
@@ -102,7 +108,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_race_200_creates_3_sidecars_limit_50(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, store: harness.Proc,
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    store: harness.Proc,
     http: aiohttp.ClientSession,
 ) -> None:
     url, prefix = ledger_setting(kind, tmp_path, request)
@@ -114,8 +123,9 @@ async def test_race_200_creates_3_sidecars_limit_50(
 
         async def one(i: int) -> int:
             base = sidecars[i % 3].url
-            async with http.post(f"{base}{SERVERS}", json={"metadata": {"name": f"s{i}"}},
-                                 headers=ALICE) as r:
+            async with http.post(
+                f"{base}{SERVERS}", json={"metadata": {"name": f"s{i}"}}, headers=ALICE
+            ) as r:
                 body = await r.json()
                 if r.status == 403:
                     assert body["reason"] == "QuotaExceeded"
@@ -163,13 +173,20 @@ async def test_sigkill_between_reserve_and_commit_frees_after_ttl(
     quota: dict[str, Any] = {"reservationTtlSeconds": ttl}
     if prefix:
         quota["redisPrefix"] = prefix
-    config = base_config(tmp_path, str(upstream.make_url("")).rstrip("/"), 1, url, quota=quota,
-                         limits={"upstreamReadTimeout": 60})
+    config = base_config(
+        tmp_path,
+        str(upstream.make_url("")).rstrip("/"),
+        1,
+        url,
+        quota=quota,
+        limits={"upstreamReadTimeout": 60},
+    )
     sidecar = harness.start_sidecar(tmp_path, config)
     ledger = open_test_ledger(kind, tmp_path, url, prefix, ttl)
     try:
-        task = asyncio.create_task(http.post(f"{sidecar.url}{SERVERS}",
-                                             json={"metadata": {"name": "x"}}, headers=ALICE))
+        task = asyncio.create_task(
+            http.post(f"{sidecar.url}{SERVERS}", json={"metadata": {"name": "x"}}, headers=ALICE)
+        )
         for _ in range(100):
             if slow.posts:
                 break
@@ -181,12 +198,14 @@ async def test_sigkill_between_reserve_and_commit_frees_after_ttl(
         usage = await ledger.usage("acme")
         assert usage.get_in_progress("", "servers") == 1
         with pytest.raises(QuotaExceeded):
-            await ledger.reserve("acme", "default", {"servers": 1}, {"servers": 1}, {},
-                                 new_reservation_id())
+            await ledger.reserve(
+                "acme", "default", {"servers": 1}, {"servers": 1}, {}, new_reservation_id()
+            )
         await asyncio.sleep(ttl + 0.5)
         assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
-        await ledger.reserve("acme", "default", {"servers": 1}, {"servers": 1}, {},
-                             new_reservation_id())
+        await ledger.reserve(
+            "acme", "default", {"servers": 1}, {"servers": 1}, {}, new_reservation_id()
+        )
     finally:
         await ledger.close()
         sidecar.stop()
@@ -194,14 +213,22 @@ async def test_sigkill_between_reserve_and_commit_frees_after_ttl(
 
 
 def run_cli(*args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "sidecar.cli", "quota", *args],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "quota", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_reconcile_after_random_kills_matches_the_store(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, store: harness.Proc,
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    store: harness.Proc,
     http: aiohttp.ClientSession,
 ) -> None:
     url, prefix = ledger_setting(kind, tmp_path, request)
@@ -216,10 +243,12 @@ async def test_reconcile_after_random_kills_matches_the_store(
     n = 0
     try:
         for _ in range(3):
+
             async def one(i: int, base: str) -> None:
                 try:
-                    async with http.post(f"{base}{SERVERS}", json={"metadata": {"name": f"k{i}"}},
-                                         headers=ALICE) as r:
+                    async with http.post(
+                        f"{base}{SERVERS}", json={"metadata": {"name": f"k{i}"}}, headers=ALICE
+                    ) as r:
                         await r.read()
                 except aiohttp.ClientError:
                     pass
@@ -231,8 +260,9 @@ async def test_reconcile_after_random_kills_matches_the_store(
             await asyncio.gather(*tasks)
             sidecar = harness.start_sidecar(tmp_path, config, port=port)
         # Out-of-band drift too: an object created straight in the store, one deleted.
-        async with http.post(f"{store.url}{SERVERS}", json={"metadata": {"name": "oob"}},
-                             headers=STORE_HEADERS) as r:
+        async with http.post(
+            f"{store.url}{SERVERS}", json={"metadata": {"name": "oob"}}, headers=STORE_HEADERS
+        ) as r:
             assert r.status == 201
         real = await store_count(http, store)
         cfg = harness.write_config(tmp_path, {**config, "listen": "127.0.0.1:1"}, "cli.yaml")
@@ -250,16 +280,16 @@ async def test_reconcile_after_random_kills_matches_the_store(
 
 
 def test_cli_update_and_defaults(tmp_path: Path) -> None:
-    config = base_config(tmp_path, f"http://127.0.0.1:{harness.free_port()}", 5,
-                         f"sqlite:///{tmp_path / 'cli.db'}")
+    config = base_config(
+        tmp_path, f"http://127.0.0.1:{harness.free_port()}", 5, f"sqlite:///{tmp_path / 'cli.db'}"
+    )
     cfg = harness.write_config(tmp_path, config, "cli.yaml")
     code, out = run_cli("defaults", "--config", str(cfg), "--json")
     assert code == 0 and json.loads(out) == {"hard": {"servers": 5}}
     # The store is down: update refuses unless --force.
     code, out = run_cli("update", "acme", "servers", "7", "--config", str(cfg))
     assert code != 0 and "unreachable" in out
-    code, out = run_cli("update", "acme", "servers", "7", "--force", "--config", str(cfg),
-                        "--json")
+    code, out = run_cli("update", "acme", "servers", "7", "--force", "--config", str(cfg), "--json")
     assert code == 0, out
     rows = {q["resource"]: q for q in json.loads(out)["quotas"]}
     assert rows["servers"]["hard_limit"] == 7 and rows["servers"]["source"] == "api"

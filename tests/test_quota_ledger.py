@@ -45,8 +45,9 @@ def rid() -> str:
 
 
 async def test_reserve_commit_counts_used(ledger: Ledger) -> None:
-    r = await ledger.reserve("acme", "dev", {"servers": 1, "requests.cpu": 500},
-                             {"servers": 2}, {}, rid())
+    r = await ledger.reserve(
+        "acme", "dev", {"servers": 1, "requests.cpu": 500}, {"servers": 2}, {}, rid()
+    )
     u = await ledger.usage("acme")
     assert u.get_in_progress("", "servers") == 1
     assert u.get_in_progress("dev", "servers") == 1
@@ -70,17 +71,28 @@ async def test_over_quota_names_scope_and_numbers(ledger: Ledger) -> None:
         await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid())
     e = info.value
     assert (e.scope, e.resource, e.requested, e.used, e.in_progress, e.limit) == (
-        "tenant", "servers", 1, 1, 1, 2)
+        "tenant",
+        "servers",
+        1,
+        1,
+        1,
+        2,
+    )
 
 
 async def test_namespace_refusal_leaves_no_partial_write(ledger: Ledger) -> None:
-    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 10}, {"servers": 1},
-                             rid())
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 10}, {"servers": 1}, rid())
     await ledger.commit(r, "a", "servers")
     before = await ledger.usage("acme")
     with pytest.raises(QuotaExceeded) as info:
-        await ledger.reserve("acme", "dev", {"servers": 1, "requests.cpu": 100},
-                             {"servers": 10, "requests.cpu": 1000}, {"servers": 1}, rid())
+        await ledger.reserve(
+            "acme",
+            "dev",
+            {"servers": 1, "requests.cpu": 100},
+            {"servers": 10, "requests.cpu": 1000},
+            {"servers": 1},
+            rid(),
+        )
     assert info.value.scope == "namespace"
     after = await ledger.usage("acme")
     assert after.in_progress == before.in_progress
@@ -129,8 +141,10 @@ async def test_idempotency_claim_never_skips_the_check(ledger: Ledger) -> None:
         await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
     assert exc.value.in_flight
     # Another body or path under the same key: refused whatever the state.
-    for other in (idempotency_claim("acme", "k-1", "POST", "/servers", b'{"a":2}'),
-                  idempotency_claim("acme", "k-1", "POST", "/configmaps", b'{"a":1}')):
+    for other in (
+        idempotency_claim("acme", "k-1", "POST", "/servers", b'{"a":2}'),
+        idempotency_claim("acme", "k-1", "POST", "/configmaps", b'{"a":1}'),
+    ):
         with pytest.raises(ClaimConflict) as exc:
             await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), other)
         assert not exc.value.in_flight
@@ -143,8 +157,15 @@ async def test_idempotency_claim_never_skips_the_check(ledger: Ledger) -> None:
         await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), claim)
     # Still remembered after the refusal: another body is still refused.
     with pytest.raises(ClaimConflict):
-        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 9}, {}, rid(),
-                             idempotency_claim("acme", "k-1", "POST", "/servers", b"{}"))
+        await ledger.reserve(
+            "acme",
+            "dev",
+            {"servers": 1},
+            {"servers": 9},
+            {},
+            rid(),
+            idempotency_claim("acme", "k-1", "POST", "/servers", b"{}"),
+        )
     u = await ledger.usage("acme")
     assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (2, 0)
     # The key is the caller tenant's: another tenant's identical key is another claim.
@@ -177,11 +198,13 @@ async def test_update_reserves_the_increase_and_commits_the_new_charge(ledger: L
         await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
     assert exc.value.in_flight
     with pytest.raises(QuotaExceeded) as refused:
-        await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 5_000_000},
-                                    {"pods": 1}, limits, {})
+        await ledger.reserve_change(
+            lock, obj, {"pods": 1, "requests.cpu": 5_000_000}, {"pods": 1}, limits, {}
+        )
     assert refused.value.requested == 5_000_000 - 100
-    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 900},
-                                       {"pods": 1}, limits, {})
+    lock = await ledger.reserve_change(
+        lock, obj, {"pods": 1, "requests.cpu": 900}, {"pods": 1}, limits, {}
+    )
     assert lock.charge == {"requests.cpu": 800}
     u = await ledger.usage("acme")
     assert (u.get_used("", "requests.cpu"), u.get_in_progress("", "requests.cpu")) == (100, 800)
@@ -190,8 +213,7 @@ async def test_update_reserves_the_increase_and_commits_the_new_charge(ledger: L
     assert (u.get_used("dev", "requests.cpu"), u.get_in_progress("", "requests.cpu")) == (900, 0)
     # A decrease reserves nothing and returns the difference on commit.
     lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
-    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 200}, {},
-                                       limits, {})
+    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 200}, {}, limits, {})
     assert lock.charge == {}
     await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 200})
     u = await ledger.usage("acme")
@@ -204,9 +226,14 @@ async def test_update_of_an_unrecorded_or_deleted_object(ledger: Ledger) -> None
     lock = await ledger.reserve("acme", "dev", {}, {}, {}, rid(), object_claim(obj))
     # Not recorded (made before the ledger): the increase is over its current charge,
     # and the commit records the object with its whole new charge.
-    lock = await ledger.reserve_change(lock, obj, {"pods": 1, "requests.cpu": 300},
-                                       {"pods": 1, "requests.cpu": 100},
-                                       {"requests.cpu": 250}, {})
+    lock = await ledger.reserve_change(
+        lock,
+        obj,
+        {"pods": 1, "requests.cpu": 300},
+        {"pods": 1, "requests.cpu": 100},
+        {"requests.cpu": 250},
+        {},
+    )
     assert lock.charge == {"requests.cpu": 200}
     await ledger.commit_change(lock, obj, {"pods": 1, "requests.cpu": 300})
     assert (await ledger.usage("acme")).get_used("", "requests.cpu") == 300
@@ -231,8 +258,9 @@ async def test_released_update_frees_its_increase_and_its_claim(ledger: Ledger) 
 
 
 async def test_delete_returns_charge_once(ledger: Ledger) -> None:
-    r = await ledger.reserve("acme", "dev", {"servers": 1, "requests.memory": 2048},
-                             {"servers": 1}, {}, rid())
+    r = await ledger.reserve(
+        "acme", "dev", {"servers": 1, "requests.memory": 2048}, {"servers": 1}, {}, rid()
+    )
     await ledger.commit(r, "web", "servers")
     obj = ObjectRef("acme", "dev", "servers", "web")
     assert await ledger.delete(obj) == {"servers": 1, "requests.memory": 2048}

@@ -21,14 +21,23 @@ SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"
 @pytest.fixture
 async def sidecar_url(tmp_path: Path) -> AsyncIterator[str]:
     store = await asyncio.to_thread(harness.start_store, tmp_path)
-    tokens = harness.write_tokens(tmp_path, [
-        {"token": "t-admin", "user": "admin", "tenant": "system", "groups": []},
-        {"token": "t-alice", "user": "alice", "tenant": "acme", "groups": ["tenant-admins"]},
-    ])
-    proc = await asyncio.to_thread(harness.start_sidecar, tmp_path, {
-        "upstream": store.url, "policies": str(ROOT / "policies"),
-        "identity": {"tokenFile": str(tokens)}, "reload": {"enabled": False},
-    })
+    tokens = harness.write_tokens(
+        tmp_path,
+        [
+            {"token": "t-admin", "user": "admin", "tenant": "system", "groups": []},
+            {"token": "t-alice", "user": "alice", "tenant": "acme", "groups": ["tenant-admins"]},
+        ],
+    )
+    proc = await asyncio.to_thread(
+        harness.start_sidecar,
+        tmp_path,
+        {
+            "upstream": store.url,
+            "policies": str(ROOT / "policies"),
+            "identity": {"tokenFile": str(tokens)},
+            "reload": {"enabled": False},
+        },
+    )
     try:
         yield proc.url
     finally:
@@ -50,12 +59,14 @@ async def test_used_and_hard_gauges_follow_creates(sidecar_url: str) -> None:
     admin = {"Authorization": "Bearer t-admin"}
     alice = {"Authorization": "Bearer t-alice"}
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{sidecar_url}/api/v1/tenants", headers=admin,
-                          json={"metadata": {"name": "acme"}}) as r:
+        async with s.post(
+            f"{sidecar_url}/api/v1/tenants", headers=admin, json={"metadata": {"name": "acme"}}
+        ) as r:
             assert r.status == 201, await r.text()
         for name in ("a1", "a2"):
-            async with s.post(f"{sidecar_url}{SERVERS}", headers=alice,
-                              json={"metadata": {"name": name}}) as r:
+            async with s.post(
+                f"{sidecar_url}{SERVERS}", headers=alice, json={"metadata": {"name": name}}
+            ) as r:
                 assert r.status == 201, await r.text()
         # The gauges are refreshed every few seconds for tenants with recent activity.
         used = hard = None
@@ -69,6 +80,5 @@ async def test_used_and_hard_gauges_follow_creates(sidecar_url: str) -> None:
             await asyncio.sleep(0.25)
         assert used == 2.0
         assert hard == 100.0
-        in_progress = sample(text, "sidecar_quota_in_progress", tenant="acme",
-                             resource="servers")
+        in_progress = sample(text, "sidecar_quota_in_progress", tenant="acme", resource="servers")
         assert in_progress == 0.0

@@ -100,8 +100,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.dir = Path(tempfile.mkdtemp(prefix="quota-model-"))
         self.prefix = f"test-model-{uuid.uuid4().hex[:10]}:"
-        self.ledger: Ledger = make_ledger(self.backend, self.dir, self.clock, TTL,
-                                          redis_url=REDIS_URL, prefix=self.prefix)
+        self.ledger: Ledger = make_ledger(
+            self.backend, self.dir, self.clock, TTL, redis_url=REDIS_URL, prefix=self.prefix
+        )
         self.model = Model({"servers": 4, "requests.cpu": 1000}, {"a": {"servers": 2}})
         self.may_exceed = False
         self.names = 0
@@ -120,8 +121,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 client.delete(*keys)
             client.close()
 
-    @rule(target=reservations, ns=st.sampled_from(NAMESPACES),
-          cpu=st.sampled_from([0, 100, 400]), key=st.sampled_from([None, "k1", "k2"]))
+    @rule(
+        target=reservations,
+        ns=st.sampled_from(NAMESPACES),
+        cpu=st.sampled_from([0, 100, 400]),
+        key=st.sampled_from([None, "k1", "k2"]),
+    )
     def reserve(self, ns: str, cpu: int, key: str | None) -> Any:
         m = self.model
         now = self.clock()
@@ -151,8 +156,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 if expected_refusal:
                     break
         try:
-            r = self.run(self.ledger.reserve(TENANT, ns, charge, m.tenant_limits,
-                                             m.ns_limits.get(ns, {}), rid, claim))
+            r = self.run(
+                self.ledger.reserve(
+                    TENANT, ns, charge, m.tenant_limits, m.ns_limits.get(ns, {}), rid, claim
+                )
+            )
         except ClaimConflict as exc:
             assert conflict is not None and exc.in_flight == conflict
             return None
@@ -165,9 +173,14 @@ class LedgerMachine(RuleBasedStateMachine):
         assert expected_refusal is None, f"admitted over {expected_refusal}"
         if holder is not None:
             del m.reservations[holder]  # a committed claim is taken over
-        m.reservations[rid] = ModelRes(ns, charge, "pending", now + TTL,
-                                       claim.key if claim else "",
-                                       claim.fingerprint if claim else "")
+        m.reservations[rid] = ModelRes(
+            ns,
+            charge,
+            "pending",
+            now + TTL,
+            claim.key if claim else "",
+            claim.fingerprint if claim else "",
+        )
         return r
 
     @rule(target=objects, r=consumes(reservations), same_name=st.booleans())
@@ -206,7 +219,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if r is None or not self.model.objects:
             return
         before = self.run(self.ledger.usage(TENANT)).used
-        for (ns, name) in list(self.model.objects):
+        for ns, name in list(self.model.objects):
             if ns == r.namespace:
                 assert self.run(self.ledger.commit(r, name, "servers")) is False
                 live = self.model.reservations.get(r.id)
@@ -229,8 +242,7 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = self.model.objects.pop((obj.namespace, obj.name), None)
         assert got == expected
 
-    @rule(scope=st.sampled_from(["", "a", "b"]), value=st.one_of(st.none(),
-          st.integers(0, 6)))
+    @rule(scope=st.sampled_from(["", "a", "b"]), value=st.one_of(st.none(), st.integers(0, 6)))
     def update(self, scope: str, value: int | None) -> None:
         m = self.model
         old = m.limits(scope).get("servers")
@@ -276,8 +288,12 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert used.get(res, 0) + inp.get(res, 0) <= hard
 
 
-SETTINGS = settings(max_examples=20, stateful_step_count=25, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=20,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 class SqliteMachine(LedgerMachine):
@@ -310,7 +326,6 @@ def test_model_sees_a_broken_ledger() -> None:
 
             self.ledger.release = no_release  # type: ignore[method-assign,assignment]
 
-    Leaky.TestCase.settings = settings(SETTINGS, max_examples=100, database=None,
-                                      derandomize=True)
+    Leaky.TestCase.settings = settings(SETTINGS, max_examples=100, database=None, derandomize=True)
     with pytest.raises(AssertionError):
         Leaky.TestCase().runTest()

@@ -102,11 +102,14 @@ async def start(tmp: Path, upstream: str, **extra: Any) -> TestServer:
     policies = tmp / "policies"
     policies.mkdir(exist_ok=True)
     (policies / "policy.yaml").write_text(POLICY)
-    tokens = harness.write_tokens(tmp, [
-        {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
-        {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
-        {"token": "bob-token", "user": "bob", "tenant": "beta", "groups": []},
-    ])
+    tokens = harness.write_tokens(
+        tmp,
+        [
+            {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
+            {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
+            {"token": "bob-token", "user": "bob", "tenant": "beta", "groups": []},
+        ],
+    )
     raw: dict[str, Any] = {
         "upstream": upstream,
         "policies": str(policies),
@@ -147,15 +150,20 @@ def server_body(name: str | None, cpu: str | None = None) -> dict[str, Any]:
     return body
 
 
-async def create(http: aiohttp.ClientSession, server: TestServer, body: dict[str, Any],
-                 path: str = SERVERS, headers: dict[str, str] | None = None
-                 ) -> tuple[int, dict[str, Any]]:
+async def create(
+    http: aiohttp.ClientSession,
+    server: TestServer,
+    body: dict[str, Any],
+    path: str = SERVERS,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
     async with http.post(u(server, path), json=body, headers={**ALICE, **(headers or {})}) as r:
         return r.status, await r.json()
 
 
-async def show(http: aiohttp.ClientSession, server: TestServer, tenant: str = "acme",
-               ns: str = "") -> dict[str, dict[str, Any]]:
+async def show(
+    http: aiohttp.ClientSession, server: TestServer, tenant: str = "acme", ns: str = ""
+) -> dict[str, dict[str, Any]]:
     path = f"/quota/v1/tenants/{tenant}" + (f"/namespaces/{ns}" if ns else "")
     async with http.get(u(server, path), headers=ADMIN) as r:
         assert r.status == 200, await r.text()
@@ -172,8 +180,15 @@ async def test_creates_are_counted_and_refused_over_quota(
     assert status == 403
     assert body["reason"] == "QuotaExceeded"
     assert body["details"] == {
-        "scope": "tenant", "tenant": "acme", "namespace": "dev", "resource": "servers",
-        "requested": 1, "used": 3, "inProgress": 0, "limit": 3}
+        "scope": "tenant",
+        "tenant": "acme",
+        "namespace": "dev",
+        "resource": "servers",
+        "requested": 1,
+        "used": 3,
+        "inProgress": 0,
+        "limit": 3,
+    }
     assert "servers" in body["message"] and "tenant acme" in body["message"]
     q = await show(http, sidecar)
     assert q["servers"]["used"] == 3 and q["servers"]["available"] == 0
@@ -216,7 +231,9 @@ async def test_bad_requests_are_400_and_reserve_nothing(
 
 @pytest.mark.parametrize("failure", [500, 409, "timeout"])
 async def test_upstream_failure_releases(
-    sidecar: TestServer, http: aiohttp.ClientSession, store: tuple[Store, TestServer],
+    sidecar: TestServer,
+    http: aiohttp.ClientSession,
+    store: tuple[Store, TestServer],
     failure: int | str,
 ) -> None:
     if failure == "timeout":
@@ -244,9 +261,7 @@ async def test_upstream_refused_releases(tmp_path: Path, http: aiohttp.ClientSes
         await server.close()
 
 
-async def test_delete_returns_charge_once(
-    sidecar: TestServer, http: aiohttp.ClientSession
-) -> None:
+async def test_delete_returns_charge_once(sidecar: TestServer, http: aiohttp.ClientSession) -> None:
     assert (await create(http, sidecar, server_body("gone", "500m")))[0] == 201
     for _ in range(2):
         async with http.delete(u(sidecar, SERVERS + "/gone"), headers=ALICE) as r:
@@ -268,8 +283,9 @@ async def test_idempotency_key_never_double_counts(
     sidecar: TestServer, http: aiohttp.ClientSession
 ) -> None:
     for _ in range(3):
-        status, _ = await create(http, sidecar, server_body("same"),
-                                 headers={"Idempotency-Key": "abc"})
+        status, _ = await create(
+            http, sidecar, server_body("same"), headers={"Idempotency-Key": "abc"}
+        )
         assert status == 201
     q = await show(http, sidecar)
     assert q["servers"]["used"] == 1 and q["servers"]["in_progress"] == 0
@@ -278,8 +294,11 @@ async def test_idempotency_key_never_double_counts(
 async def test_untracked_creates_and_reads_pass(
     sidecar: TestServer, http: aiohttp.ClientSession
 ) -> None:
-    async with http.post(u(sidecar, "/api/v1/tenants/acme/namespaces/dev/events"),
-                         json={"metadata": {"name": "e"}}, headers=ALICE) as r:
+    async with http.post(
+        u(sidecar, "/api/v1/tenants/acme/namespaces/dev/events"),
+        json={"metadata": {"name": "e"}},
+        headers=ALICE,
+    ) as r:
         assert r.status == 201
     q = await show(http, sidecar)
     assert "events" not in q
@@ -288,13 +307,19 @@ async def test_untracked_creates_and_reads_pass(
 async def test_ledger_unreachable_fails_tracked_creates_only(
     tmp_path: Path, http: aiohttp.ClientSession, store: tuple[Store, TestServer]
 ) -> None:
-    server = await start(tmp_path, str(store[1].make_url("")).rstrip("/"),
-                         ledger=f"redis://127.0.0.1:{harness.free_port()}/0")
+    server = await start(
+        tmp_path,
+        str(store[1].make_url("")).rstrip("/"),
+        ledger=f"redis://127.0.0.1:{harness.free_port()}/0",
+    )
     try:
         status, body = await create(http, server, server_body("x"))
         assert status == 503 and "ledger" in body["message"]
-        async with http.post(u(server, "/api/v1/tenants/acme/namespaces/dev/events"),
-                             json={"metadata": {"name": "e"}}, headers=ALICE) as r:
+        async with http.post(
+            u(server, "/api/v1/tenants/acme/namespaces/dev/events"),
+            json={"metadata": {"name": "e"}},
+            headers=ALICE,
+        ) as r:
             assert r.status == 201
         async with http.get(u(server, SERVERS), headers=ALICE) as r:
             assert r.status == 200
@@ -317,9 +342,7 @@ async def test_dry_run_forwards_over_quota(
         await server.close()
 
 
-async def test_cancelled_request_releases(
-    sidecar: TestServer, http: aiohttp.ClientSession
-) -> None:
+async def test_cancelled_request_releases(sidecar: TestServer, http: aiohttp.ClientSession) -> None:
     from aiohttp.test_utils import make_mocked_request
 
     from sidecar.context import Identity, RequestContext
@@ -329,8 +352,7 @@ async def test_cancelled_request_releases(
     rt = sidecar.app[RUNTIME_KEY]
     stage = QuotaStage(rt)  # shares the app's ledger (ledger_for)
     req = make_mocked_request("POST", SERVERS, headers={"Content-Type": "application/json"})
-    ctx = RequestContext(request=req, request_id="r", policy=rt.policy.current,
-                         max_body_bytes=1000)
+    ctx = RequestContext(request=req, request_id="r", policy=rt.policy.current, max_body_bytes=1000)
     ctx.body = json.dumps(server_body("c")).encode()
     ctx.target = parse_target("POST", SERVERS)
     ctx.identity = Identity("alice", "acme")
@@ -353,24 +375,30 @@ async def test_api_reads_and_authorization(
 ) -> None:
     async with http.get(u(sidecar, "/quota/v1/defaults"), headers=BOB) as r:
         assert r.status == 200
-        assert (await r.json())["hard"] == {"requests.cpu": "1", "requests.memory": "1Gi",
-                                            "servers": 3}
+        assert (await r.json())["hard"] == {
+            "requests.cpu": "1",
+            "requests.memory": "1Gi",
+            "servers": 3,
+        }
     async with http.get(u(sidecar, "/quota/v1/tenants/acme"), headers=ALICE) as r:
         assert r.status == 200
     async with http.get(u(sidecar, "/quota/v1/tenants/acme/usage"), headers=ALICE) as r:
         assert r.status == 200 and (await r.json())["tenant"] == "acme"
     async with http.get(u(sidecar, "/quota/v1/tenants/acme"), headers=BOB) as r:
         assert r.status == 404 and (await r.json())["reason"] == "NotFound"
-    async with http.get(u(sidecar, "/quota/v1/tenants/acme/namespaces/dev/usage"),
-                        headers=BOB) as r:
+    async with http.get(
+        u(sidecar, "/quota/v1/tenants/acme/namespaces/dev/usage"), headers=BOB
+    ) as r:
         assert r.status == 404
     async with http.get(u(sidecar, "/quota/v1/quotas"), headers=ALICE) as r:
         assert r.status == 403
-    async with http.put(u(sidecar, "/quota/v1/tenants/acme/servers"), headers=ALICE,
-                        json={"hard_limit": 1000}) as r:
+    async with http.put(
+        u(sidecar, "/quota/v1/tenants/acme/servers"), headers=ALICE, json={"hard_limit": 1000}
+    ) as r:
         assert r.status == 403
-    async with http.put(u(sidecar, "/quota/v1/tenants/beta/servers"), headers=ALICE,
-                        json={"hard_limit": 1000}) as r:
+    async with http.put(
+        u(sidecar, "/quota/v1/tenants/beta/servers"), headers=ALICE, json={"hard_limit": 1000}
+    ) as r:
         assert r.status == 403
     async with http.get(u(sidecar, "/quota/v1/quotas"), headers=ADMIN) as r:
         assert r.status == 200
@@ -391,19 +419,24 @@ async def test_api_update_persists_and_validates(
     async with http.put(put, headers=ADMIN, json={"hard_limit": 0}) as r:
         rows = {q["resource"]: q for q in (await r.json())["quotas"]}
         assert rows["servers"]["source"] == "api" and rows["servers"]["overage"] == 1
-    async with http.put(u(sidecar, "/quota/v1/tenants/acme/namespaces/dev/requests.memory"),
-                        headers=ADMIN, json={"hard_limit": "512Mi"}) as r:
+    async with http.put(
+        u(sidecar, "/quota/v1/tenants/acme/namespaces/dev/requests.memory"),
+        headers=ADMIN,
+        json={"hard_limit": "512Mi"},
+    ) as r:
         assert r.status == 200
     ns = await show(http, sidecar, ns="dev")
     assert ns["requests.memory"]["hard_limit"] == "512Mi"
     for body in ({"hard_limit": -1}, {"hard_limit": 1.5}, {"hard_limit": "x"}, {"x": 1}, [1]):
         async with http.put(put, headers=ADMIN, json=body) as r:
             assert r.status == 400, body
-    async with http.put(u(sidecar, "/quota/v1/tenants/acme/widgets"), headers=ADMIN,
-                        json={"hard_limit": 1}) as r:
+    async with http.put(
+        u(sidecar, "/quota/v1/tenants/acme/widgets"), headers=ADMIN, json={"hard_limit": 1}
+    ) as r:
         assert r.status == 400 and "unknown quota resource" in (await r.json())["message"]
-    async with http.put(u(sidecar, "/quota/v1/tenants/nosuch/servers"), headers=ADMIN,
-                        json={"hard_limit": 1}) as r:
+    async with http.put(
+        u(sidecar, "/quota/v1/tenants/nosuch/servers"), headers=ADMIN, json={"hard_limit": 1}
+    ) as r:
         assert r.status == 404
     async with http.get(put, headers=ADMIN) as r:
         assert r.status == 405

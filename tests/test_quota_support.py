@@ -37,8 +37,14 @@ class FakeClock:
         self.now += seconds
 
 
-def make_ledger(kind: str, tmp_path: Path, clock: Clock, ttl: float = 60.0,
-                redis_url: str = "", prefix: str = "") -> Ledger:
+def make_ledger(
+    kind: str,
+    tmp_path: Path,
+    clock: Clock,
+    ttl: float = 60.0,
+    redis_url: str = "",
+    prefix: str = "",
+) -> Ledger:
     if kind == "sqlite":
         return SqliteLedger(str(tmp_path / f"ledger-{uuid.uuid4().hex[:8]}.db"), ttl, clock)
     return RedisLedger(redis_url, ttl, clock, prefix=prefix)
@@ -96,14 +102,19 @@ class Gate:
         if self.hold(request):
             self.held.set()
             await self.open.wait()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() in ("content-type", "x-remote-user", "x-remote-tenant",
-                                    "x-remote-group")}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("content-type", "x-remote-user", "x-remote-tenant", "x-remote-group")
+        }
         target = URL(self.store_url + request.raw_path, encoded=True)
-        async with aiohttp.ClientSession() as http, http.request(
-                request.method, target, data=body or None, headers=headers) as resp:
-            return web.Response(status=resp.status, body=await resp.read(),
-                                content_type="application/json")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(request.method, target, data=body or None, headers=headers) as resp,
+        ):
+            return web.Response(
+                status=resp.status, body=await resp.read(), content_type="application/json"
+            )
 
 
 @dataclass
@@ -117,11 +128,19 @@ class QuotaEnv:
     def url(self, path: str) -> str:
         return self.sidecar.url + path
 
-    async def send(self, method: str, path: str, body: Any = None,
-                   headers: dict[str, str] | None = None,
-                   content_type: str = "application/json") -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) else (
-            None if body is None else json.dumps(body).encode())
+    async def send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        data = (
+            body
+            if isinstance(body, bytes)
+            else (None if body is None else json.dumps(body).encode())
+        )
         hdrs = {**ALICE, "Content-Type": content_type, **(headers or {})}
         async with self.http.request(method, self.url(path), data=data, headers=hdrs) as r:
             text = await r.text()
@@ -153,9 +172,14 @@ def ledger_for_kind(kind: str, tmp: Path, request: Any) -> tuple[str, dict[str, 
 
 
 @asynccontextmanager
-async def quota_env(tmp: Path, ledger_url: str, upstream: str | None = None,
-                    store: harness.Proc | None = None, policy: str = QUOTA_POLICY,
-                    **extra: Any) -> AsyncIterator[QuotaEnv]:
+async def quota_env(
+    tmp: Path,
+    ledger_url: str,
+    upstream: str | None = None,
+    store: harness.Proc | None = None,
+    policy: str = QUOTA_POLICY,
+    **extra: Any,
+) -> AsyncIterator[QuotaEnv]:
     """The real store (unless given), the real sidecar in front of it (or of
     `upstream`), and tenant acme created."""
     own_store = store is None
@@ -163,13 +187,19 @@ async def quota_env(tmp: Path, ledger_url: str, upstream: str | None = None,
     policies = tmp / "policies"
     policies.mkdir(exist_ok=True)
     (policies / "policy.yaml").write_text(policy)
-    tokens = harness.write_tokens(tmp, [
-        {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
-        {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
-    ])
+    tokens = harness.write_tokens(
+        tmp,
+        [
+            {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
+            {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},
+        ],
+    )
     config: dict[str, Any] = {
-        "upstream": upstream or store.url, "policies": str(policies), "ledger": ledger_url,
-        "identity": {"tokenFile": str(tokens)}, "reload": {"enabled": False},
+        "upstream": upstream or store.url,
+        "policies": str(policies),
+        "ledger": ledger_url,
+        "identity": {"tokenFile": str(tokens)},
+        "reload": {"enabled": False},
         "limits": {"upstreamReadTimeout": 30},
     }
     config.update(extra)
@@ -177,8 +207,9 @@ async def quota_env(tmp: Path, ledger_url: str, upstream: str | None = None,
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             env = QuotaEnv(http, store, sidecar, ledger_url, tmp)
-            status, body = await env.send("POST", "/api/v1/tenants",
-                                          {"metadata": {"name": "acme"}}, headers=ADMIN)
+            status, body = await env.send(
+                "POST", "/api/v1/tenants", {"metadata": {"name": "acme"}}, headers=ADMIN
+            )
             assert status in (200, 201), body
             yield env
     finally:
@@ -189,15 +220,26 @@ async def quota_env(tmp: Path, ledger_url: str, upstream: str | None = None,
 
 def pod(name: str, cpu: str = "", memory: str = "") -> dict[str, Any]:
     requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
-    return {"metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "x",
-                                     "resources": {"requests": requests}}]}}
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": requests}}]},
+    }
 
 
 def deployment(name: str, replicas: int, cpu: str) -> dict[str, Any]:
-    return {"metadata": {"name": name},
-            "spec": {"replicas": replicas, "template": {"spec": {"containers": [
-                {"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu}}}]}}}}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu}}}
+                    ]
+                }
+            },
+        },
+    }
 
 
 async def poll(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> bool:

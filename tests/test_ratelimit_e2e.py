@@ -110,9 +110,7 @@ async def test_redis_going_away_falls_back_to_local_tier(
 ) -> None:
     proxy = Forwarder()
     await proxy.start()
-    config = sidecar_config(
-        tmp_path, store.url, f"redis://127.0.0.1:{proxy.port}/0", redis_prefix
-    )
+    config = sidecar_config(tmp_path, store.url, f"redis://127.0.0.1:{proxy.port}/0", redis_prefix)
     config["rateLimit"]["failOpenLogInterval"] = 3600
     scrape = f"127.0.0.1:{harness.free_port()}"  # /metrics without credentials
     sidecar = harness.start_sidecar(tmp_path, {**config, "metricsListen": scrape})
@@ -137,7 +135,8 @@ async def test_redis_going_away_falls_back_to_local_tier(
         assert "failing open" in ready_after["checks"]["ratelimit"]["detail"]
         assert ready_after["checks"]["ratelimit"]["ok"] is True
         fail_open = [
-            line for line in metrics.splitlines()
+            line
+            for line in metrics.splitlines()
             if line.startswith("sidecar_ratelimit_global_fail_open_total ")
         ]
         assert fail_open and float(fail_open[0].split()[1]) > 0

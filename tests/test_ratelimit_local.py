@@ -214,7 +214,9 @@ async def test_memory_flat_with_a_million_tenants() -> None:
     after = rss_bytes() - base
     assert len(limiter.buckets) == cap
     assert inflight.counts == {}
-    print(f"\nrate-limit memory (RSS growth): {full / 1e6:.1f} MB with the LRU full "
-          f"({cap} buckets), {after / 1e6:.1f} MB after 1,000,000 tenants")
+    print(
+        f"\nrate-limit memory (RSS growth): {full / 1e6:.1f} MB with the LRU full "
+        f"({cap} buckets), {after / 1e6:.1f} MB after 1,000,000 tenants"
+    )
     assert full > 4_000_000  # the LRU's contents are visible in the measurement
     assert after < 1.5 * full

@@ -99,8 +99,10 @@ async def test_all_or_nothing_across_keys(redis_url: str, redis_prefix: str) -> 
         second = await t.acquire("acme", [("all", tenant), ("u:alice", user)])
         assert second is not None and not second.allowed and second.retry_after == 10
         # alice's refusal spent nothing of the tenant bucket: 4 left for bob.
-        bob = [await t.acquire("acme", [("all", tenant), ("u:bob", Rate(100.0, 100))])
-               for _ in range(5)]
+        bob = [
+            await t.acquire("acme", [("all", tenant), ("u:bob", Rate(100.0, 100))])
+            for _ in range(5)
+        ]
         assert [v.allowed for v in bob if v] == [True] * 4 + [False]
     finally:
         await t.close()
@@ -132,8 +134,9 @@ async def test_unreachable_redis_fails_open_counted_and_logged_once(
     proxy = Forwarder()
     await proxy.start()
     metrics = Metrics()
-    t = tier(f"redis://127.0.0.1:{proxy.port}/0", redis_prefix, metrics,
-             timeout=0.5, log_interval=3600)
+    t = tier(
+        f"redis://127.0.0.1:{proxy.port}/0", redis_prefix, metrics, timeout=0.5, log_interval=3600
+    )
     try:
         spec = Rate(100.0, 100)
         assert (v := await t.acquire("acme", [("all", spec)])) is not None and v.allowed
@@ -141,9 +144,7 @@ async def test_unreachable_redis_fails_open_counted_and_logged_once(
         caplog.set_level(logging.WARNING, "sidecar.ratelimit")
         results = [await t.acquire("acme", [("all", spec)]) for _ in range(20)]
         assert results == [None] * 20
-        assert metrics.registry.get_sample_value(
-            "sidecar_ratelimit_global_fail_open_total"
-        ) == 20
+        assert metrics.registry.get_sample_value("sidecar_ratelimit_global_fail_open_total") == 20
         warnings = [r for r in caplog.records if "failing open" in r.getMessage()]
         assert len(warnings) == 1
         ok, detail = await t.ping()
@@ -160,11 +161,14 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
 
     proxy = Forwarder()
     await proxy.start()
-    config = load_config(env={}, overrides={
-        "rateLimit.global": f"redis://127.0.0.1:{proxy.port}/0",
-        "rateLimit.globalPrefix": redis_prefix,
-        "rateLimit.redisTimeout": 0.5,
-    })
+    config = load_config(
+        env={},
+        overrides={
+            "rateLimit.global": f"redis://127.0.0.1:{proxy.port}/0",
+            "rateLimit.globalPrefix": redis_prefix,
+            "rateLimit.redisTimeout": 0.5,
+        },
+    )
     metrics = Metrics()
     now = [100.0]
     limiter = RateLimiter(config, metrics, clock=lambda: now[0])
@@ -186,8 +190,12 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
 
     async def call() -> int:
         request = make_mocked_request("GET", "/api/v1/tenants/acme/pods")
-        ctx = RequestContext(request=request, request_id="x", policy=snap,  # type: ignore[arg-type]
-                             max_body_bytes=10)
+        ctx = RequestContext(
+            request=request,
+            request_id="x",
+            policy=snap,  # type: ignore[arg-type]
+            max_body_bytes=10,
+        )
         ctx.target = parse_target("GET", "/api/v1/tenants/acme/pods")
         ctx.identity = Identity("alice", "acme")
         try:
@@ -204,15 +212,19 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
         now[0] += 0.001
         refused = await call()  # the local tier has room, the shared one does not
         assert refused == 429
-        assert metrics.registry.get_sample_value(
-            "sidecar_ratelimit_total", {"tenant": "acme", "tier": "global", "result": "limited"}
-        ) == 1
+        assert (
+            metrics.registry.get_sample_value(
+                "sidecar_ratelimit_total", {"tenant": "acme", "tier": "global", "result": "limited"}
+            )
+            == 1
+        )
         await proxy.stop()
         # Redis gone: the local tier alone decides; no errors, still limited locally.
         now[0] += 10
         answers = [await call() for _ in range(5)]
         assert answers == [200, 200, 200, 429, 429]
-        assert (metrics.registry.get_sample_value(
-            "sidecar_ratelimit_global_fail_open_total") or 0) >= 3
+        assert (
+            metrics.registry.get_sample_value("sidecar_ratelimit_global_fail_open_total") or 0
+        ) >= 3
     finally:
         await limiter.global_tier.close()

@@ -113,9 +113,7 @@ class Upstream:
 
 
 class Rig:
-    def __init__(
-        self, snapshot: Snapshot, overrides: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, snapshot: Snapshot, overrides: dict[str, Any] | None = None) -> None:
         self.clock = Clock()
         self.config = load_config(env={}, overrides=overrides or {})
         self.metrics = Metrics()
@@ -134,12 +132,15 @@ class Rig:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         ctx = RequestContext(
-            request=request, request_id="t", policy=self.snapshot,  # type: ignore[arg-type]
+            request=request,
+            request_id="t",
+            policy=self.snapshot,  # type: ignore[arg-type]
             max_body_bytes=1000,
         )
         try:
-            ctx.target = parse_target(request.method, request.raw_path.split("?")[0],
-                                      request.query_string)
+            ctx.target = parse_target(
+                request.method, request.raw_path.split("?")[0], request.query_string
+            )
             return await self.chain(ctx)
         except StatusError as exc:
             response = exc.response()
@@ -236,9 +237,7 @@ async def test_reads_and_writes_have_separate_buckets(make_client: MakeClient) -
 
 
 async def test_per_user_buckets_inside_a_tenant(make_client: MakeClient) -> None:
-    rig = Rig(
-        policy("kind: RateLimit\nspec: {rate: 100, burst: 3, users: {rate: 1, burst: 1}}\n")
-    )
+    rig = Rig(policy("kind: RateLimit\nspec: {rate: 100, burst: 3, users: {rate: 1, burst: 1}}\n"))
     client = await make_client(rig)
     assert (await client.get(PODS, headers=auth("alice"))).status == 200
     refused = await client.get(PODS, headers=auth("alice"))
@@ -344,8 +343,10 @@ async def test_open_watches_are_limited_per_tenant(make_client: MakeClient) -> N
     rig = Rig(policy("kind: RateLimit\nspec: {rate: 1000, burst: 1000, maxWatches: 2}\n"))
     client = await make_client(rig)
     rig.upstream.gate = asyncio.Event()
-    watches = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth(u)))
-               for u in ("alice", "bob")]
+    watches = [
+        asyncio.create_task(client.get(PODS + "?watch=true", headers=auth(u)))
+        for u in ("alice", "bob")
+    ]
     await rig.upstream.wait_entered(2)
     refused = await client.get(PODS + "?watch=true", headers=auth("alice"))
     assert refused.status == 429
@@ -370,8 +371,10 @@ async def test_watch_limit_applies_without_rate_limit_documents(
     rig = Rig(policy("kind: ClusterRole\nmetadata: {name: x}\nrules: []\n"))
     client = await make_client(rig)
     rig.upstream.gate = asyncio.Event()
-    watches = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
-               for _ in range(DEFAULT_MAX_WATCHES)]
+    watches = [
+        asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
+        for _ in range(DEFAULT_MAX_WATCHES)
+    ]
     await rig.upstream.wait_entered(DEFAULT_MAX_WATCHES)
     refused = await client.get(PODS + "?watch=true", headers=auth("bob"))
     assert refused.status == 429
@@ -387,8 +390,10 @@ async def test_dry_run_watches_count_would_limit(make_client: MakeClient) -> Non
     rig = Rig(policy("kind: RateLimit\nspec: {maxWatches: 1}\n"), {"mode": "dry-run"})
     client = await make_client(rig)
     rig.upstream.gate = asyncio.Event()
-    tasks = [asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
-             for _ in range(3)]
+    tasks = [
+        asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
+        for _ in range(3)
+    ]
     await rig.upstream.wait_entered(3)
     rig.upstream.gate.set()
     assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 3
@@ -416,9 +421,7 @@ async def test_per_tenant_dry_run(make_client: MakeClient) -> None:
         policy("kind: RateLimit\nspec: {rate: 1, burst: 1}\n", {"acme": "dry-run"}),
     )
     client = await make_client(rig)
-    assert [(await client.get(PODS, headers=auth("alice"))).status for _ in range(3)] == [
-        200
-    ] * 3
+    assert [(await client.get(PODS, headers=auth("alice"))).status for _ in range(3)] == [200] * 3
     assert [(await client.get(BETA_PODS, headers=auth("carol"))).status for _ in range(3)] == [
         200,
         429,

@@ -128,7 +128,9 @@ async def test_update_patch_resource_version_and_conflicts(client: Client) -> No
     assert resp.status == 200 and (await resp.json())["spec"] == {"disk": 30}
     await status_of(
         await client.patch(
-            f"{SERVERS}/web1", data="spec: {}", headers={"Content-Type": "application/apply-patch+yaml"}
+            f"{SERVERS}/web1",
+            data="spec: {}",
+            headers={"Content-Type": "application/apply-patch+yaml"},
         ),
         415,
     )

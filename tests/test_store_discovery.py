@@ -90,7 +90,16 @@ async def test_core_resource_list(api: Any) -> None:
         "singularName": "configmap",
         "namespaced": True,
         "kind": "ConfigMap",
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"],
+        "verbs": [
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        ],
         "shortNames": ["cm"],
     }
     assert "shortNames" not in res["secrets"]
@@ -140,9 +149,7 @@ async def test_every_table_row_is_discoverable(api: Any) -> None:
     assert baremetal["allocations"]["namespaced"] is False
 
 
-@pytest.mark.parametrize(
-    "path", ["/apis/nosuch", "/apis/nosuch/v1", "/apis/compute/v9", "/api/v9"]
-)
+@pytest.mark.parametrize("path", ["/apis/nosuch", "/apis/nosuch/v1", "/apis/compute/v9", "/api/v9"])
 async def test_unknown_discovery_paths_are_404_status(api: Any, path: str) -> None:
     body = await get_json(api, path, 404)
     assert body["kind"] == "Status" and body["code"] == 404 and body["reason"] == "NotFound"
@@ -181,7 +188,9 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(tmp / "kubeconfig"), "HOME": str(tmp)}
         self.tmp = tmp
 
-    def run(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [*self.base, *args], capture_output=True, text=True, env=self.env, timeout=timeout
         )
@@ -244,7 +253,9 @@ def test_kubectl_typed_commands(kubectl: Kubectl) -> None:
     bad = kubectl.run("get", "cm", "--field-selector", "spec.x=1", check=False)
     assert bad.returncode != 0 and "field label not supported" in bad.stderr
 
-    kubectl.run("patch", "cm", "web", "--type=json", "-p", '[{"op":"add","path":"/data/z","value":"1"}]')
+    kubectl.run(
+        "patch", "cm", "web", "--type=json", "-p", '[{"op":"add","path":"/data/z","value":"1"}]'
+    )
     got = json.loads(kubectl.run("get", "cm", "web", "-o", "json").stdout)
     assert got["data"] == {"a": "b", "z": "1"}
     assert got["metadata"]["labels"] == {"app": "web", "tier": "front"}
@@ -260,19 +271,35 @@ def test_kubectl_typed_commands(kubectl: Kubectl) -> None:
 def test_kubectl_watch_with_a_name(kubectl: Kubectl) -> None:
     """`kubectl get cm NAME --watch` lists and watches with fieldSelector=metadata.name."""
     manifest = kubectl.tmp / "cm.json"
-    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}}))
+    manifest.write_text(
+        json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}})
+    )
     kubectl.run("create", "-f", str(manifest))
     watch = subprocess.Popen(
-        [*kubectl.base, "get", "cm", "w", "--watch", "--output-watch-events", "-o",
-         "jsonpath={.type} {.object.metadata.name} {.object.metadata.labels.step}{\"\\n\"}",
-         "--request-timeout", "60s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kubectl.env,
+        [
+            *kubectl.base,
+            "get",
+            "cm",
+            "w",
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            'jsonpath={.type} {.object.metadata.name} {.object.metadata.labels.step}{"\\n"}',
+            "--request-timeout",
+            "60s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kubectl.env,
     )
     try:
         assert watch.stdout is not None
         assert watch.stdout.readline().split() == ["ADDED", "w"]  # the initial list
         other = kubectl.tmp / "other.json"
-        other.write_text(json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
+        other.write_text(
+            json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
+        )
         kubectl.run("create", "-f", str(other))  # another name: not in this watch
         kubectl.run("label", "cm", "w", "step=one")
         assert watch.stdout.readline().split() == ["MODIFIED", "w", "one"]

@@ -24,7 +24,9 @@ DRY = {"dryRun": "All"}
 @pytest.fixture
 async def api(store: harness.Proc) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(store.url, headers=HDRS) as session:
-        assert (await session.post("/api/v1/tenants", json={"metadata": {"name": "acme"}})).status == 201
+        assert (
+            await session.post("/api/v1/tenants", json={"metadata": {"name": "acme"}})
+        ).status == 201
         assert (await session.post(NS, json={"metadata": {"name": "dev"}})).status == 201
         yield session
 
@@ -45,9 +47,14 @@ async def snapshot(api: aiohttp.ClientSession) -> tuple[str, list[Any]]:
     """The store's resourceVersion and every object under tenant acme and the nodes."""
     objects: list[Any] = []
     rv = ""
-    for path in ("/api/v1/tenants", f"{NS}", "/api/v1/tenants/acme/configmaps",
-                 "/apis/compute/v1/tenants/acme/servers", "/api/v1/nodes",
-                 "/apis/baremetal/v1/tenants/acme/allocations"):
+    for path in (
+        "/api/v1/tenants",
+        f"{NS}",
+        "/api/v1/tenants/acme/configmaps",
+        "/apis/compute/v1/tenants/acme/servers",
+        "/api/v1/nodes",
+        "/apis/baremetal/v1/tenants/acme/allocations",
+    ):
         body = await ok(await api.get(path))
         rv = body["metadata"]["resourceVersion"]
         objects += body["items"]
@@ -74,11 +81,17 @@ async def test_dry_run_validates_fully(api: aiohttp.ClientSession) -> None:
     await ok(await api.post(CMS, json={"metadata": {"name": "taken"}}), 201)
     before = await snapshot(api)
     await expect_status(await api.post(CMS, json={"metadata": {"name": "taken"}}, params=DRY), 409)
-    await expect_status(await api.post(CMS, json={"metadata": {"name": "Bad_Name"}}, params=DRY), 400)
+    await expect_status(
+        await api.post(CMS, json={"metadata": {"name": "Bad_Name"}}, params=DRY), 400
+    )
     await expect_status(await api.post(CMS, json={"metadata": {}}, params=DRY), 400)
     missing_ns = f"{NS}/nope/configmaps"
-    await expect_status(await api.post(missing_ns, json={"metadata": {"name": "x"}}, params=DRY), 404)
-    await expect_status(await api.put(f"{CMS}/ghost", json={"metadata": {"name": "ghost"}}, params=DRY), 404)
+    await expect_status(
+        await api.post(missing_ns, json={"metadata": {"name": "x"}}, params=DRY), 404
+    )
+    await expect_status(
+        await api.put(f"{CMS}/ghost", json={"metadata": {"name": "ghost"}}, params=DRY), 404
+    )
     await expect_status(await api.delete(f"{CMS}/ghost", params=DRY), 404)
     await expect_status(
         await api.post("/api/v1/tenants", json={"metadata": {"name": "system"}}, params=DRY), 403
@@ -90,7 +103,9 @@ async def test_dry_run_validates_fully(api: aiohttp.ClientSession) -> None:
 
 
 async def test_dry_run_update_and_patches_change_nothing(api: aiohttp.ClientSession) -> None:
-    created = await ok(await api.post(CMS, json={"metadata": {"name": "c"}, "data": {"a": "1"}}), 201)
+    created = await ok(
+        await api.post(CMS, json={"metadata": {"name": "c"}, "data": {"a": "1"}}), 201
+    )
     rv = created["metadata"]["resourceVersion"]
     before = await snapshot(api)
 
@@ -100,18 +115,24 @@ async def test_dry_run_update_and_patches_change_nothing(api: aiohttp.ClientSess
     assert got["metadata"]["uid"] == created["metadata"]["uid"]
 
     merge = await api.patch(
-        f"{CMS}/c", data=json.dumps({"data": {"b": "3"}}), params=DRY,
+        f"{CMS}/c",
+        data=json.dumps({"data": {"b": "3"}}),
+        params=DRY,
         headers={"Content-Type": "application/merge-patch+json"},
     )
     assert (await ok(merge))["data"] == {"a": "1", "b": "3"}
     strategic = await api.patch(
-        f"{CMS}/c", data=json.dumps({"metadata": {"labels": {"x": "y"}}}), params=DRY,
+        f"{CMS}/c",
+        data=json.dumps({"metadata": {"labels": {"x": "y"}}}),
+        params=DRY,
         headers={"Content-Type": "application/strategic-merge-patch+json"},
     )
     assert (await ok(strategic))["metadata"]["labels"] == {"x": "y"}
     ops = [{"op": "replace", "path": "/data/a", "value": "9"}]
     jp = await api.patch(
-        f"{CMS}/c", data=json.dumps(ops), params=DRY,
+        f"{CMS}/c",
+        data=json.dumps(ops),
+        params=DRY,
         headers={"Content-Type": "application/json-patch+json"},
     )
     assert (await ok(jp))["data"] == {"a": "9"}
@@ -132,8 +153,12 @@ async def test_dry_run_deletes_keep_everything(api: aiohttp.ClientSession) -> No
     got = await ok(await api.delete(f"{CMS}/a", params=DRY))
     assert got["metadata"]["name"] == "a"
     # kubectl delete --dry-run=server sends dryRun in a DeleteOptions body
-    options = {"kind": "DeleteOptions", "apiVersion": "v1", "dryRun": ["All"],
-               "propagationPolicy": "Background"}
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "dryRun": ["All"],
+        "propagationPolicy": "Background",
+    }
     await ok(await api.delete(f"{CMS}/b", json=options))
     status = await ok(await api.delete(CMS, params=DRY))
     assert status["details"]["deleted"] == 2
@@ -151,7 +176,9 @@ async def test_dry_run_tenant_create_and_subresource_writes(api: aiohttp.ClientS
     await ok(await api.post("/api/v1/nodes", json=node), 201)
     before = await snapshot(api)
 
-    tenant = await ok(await api.post("/api/v1/tenants", json={"metadata": {"name": "t2"}}, params=DRY), 201)
+    tenant = await ok(
+        await api.post("/api/v1/tenants", json={"metadata": {"name": "t2"}}, params=DRY), 201
+    )
     assert tenant["metadata"]["name"] == "t2"
     await expect_status(await api.get("/api/v1/tenants/t2"), 404)
     await expect_status(await api.get("/api/v1/tenants/t2/namespaces/default"), 404)
@@ -162,7 +189,9 @@ async def test_dry_run_tenant_create_and_subresource_writes(api: aiohttp.ClientS
     await ok(await api.put("/api/v1/nodes/n1/power", json={"target": "power on"}, params=DRY), 202)
     await ok(await api.put(f"{SERVERS}/s/status", json={"status": {"phase": "up"}}, params=DRY))
     alloc = {"metadata": {"name": "al"}, "spec": {"resource_class": "gpu"}}
-    got = await ok(await api.post("/apis/baremetal/v1/tenants/acme/allocations", json=alloc, params=DRY), 201)
+    got = await ok(
+        await api.post("/apis/baremetal/v1/tenants/acme/allocations", json=alloc, params=DRY), 201
+    )
     assert got["status"] == {"state": "active", "node": "n1"}  # what it would have done
 
     assert await snapshot(api) == before
@@ -174,8 +203,11 @@ async def test_dry_runs_send_no_watch_event(api: aiohttp.ClientSession) -> None:
     async with api.get("/api/v1/tenants/acme/configmaps", params={"watch": "true"}) as watch:
         assert watch.status == 200
         await ok(await api.post(CMS, json={"metadata": {"name": "new"}}, params=DRY), 201)
-        await ok(await api.put(f"{CMS}/old", json={"metadata": {"name": "old"}, "data": {"x": "1"}},
-                               params=DRY))
+        await ok(
+            await api.put(
+                f"{CMS}/old", json={"metadata": {"name": "old"}, "data": {"x": "1"}}, params=DRY
+            )
+        )
         await ok(await api.delete(f"{CMS}/old", params=DRY))
         await ok(await api.delete(f"{NS}/dev", params=DRY))
         await ok(await api.post(CMS, json={"metadata": {"name": "fence"}}), 201)
@@ -190,7 +222,9 @@ async def test_unknown_dry_run_value_is_400(api: aiohttp.ClientSession, value: s
     before = await snapshot(api)
     q = {"dryRun": value}
     await expect_status(await api.post(CMS, json={"metadata": {"name": "x"}}, params=q), 400)
-    await expect_status(await api.put(f"{CMS}/keep", json={"metadata": {"name": "keep"}}, params=q), 400)
+    await expect_status(
+        await api.put(f"{CMS}/keep", json={"metadata": {"name": "keep"}}, params=q), 400
+    )
     await expect_status(await api.patch(f"{CMS}/keep", json={"data": {}}, params=q), 400)
     await expect_status(await api.delete(f"{CMS}/keep", params=q), 400)
     await expect_status(await api.delete(CMS, params=q), 400)
@@ -206,6 +240,8 @@ async def test_bad_delete_options_are_400(api: aiohttp.ClientSession) -> None:
     await ok(await api.post(CMS, json={"metadata": {"name": "keep"}}), 201)
     await expect_status(await api.delete(f"{CMS}/keep", json={"dryRun": "All"}), 400)
     await expect_status(await api.delete(f"{CMS}/keep", json=["All"]), 400)
-    resp = await api.delete(f"{CMS}/keep", data=b"{not json", headers={"Content-Type": "application/json"})
+    resp = await api.delete(
+        f"{CMS}/keep", data=b"{not json", headers={"Content-Type": "application/json"}
+    )
     await expect_status(resp, 400)
     await ok(await api.get(f"{CMS}/keep"))

@@ -31,7 +31,9 @@ OTHER_TYPES = [
 @pytest.fixture
 async def api(store: harness.Proc) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(store.url, headers=HDRS) as session:
-        assert (await session.post("/api/v1/tenants", json={"metadata": {"name": "acme"}})).status == 201
+        assert (
+            await session.post("/api/v1/tenants", json={"metadata": {"name": "acme"}})
+        ).status == 201
         assert (await session.post(NS, json={"metadata": {"name": "dev"}})).status == 201
         yield session
 
@@ -68,8 +70,11 @@ async def test_non_json_bodies_are_415(api: aiohttp.ClientSession, ctype: str, b
 
 async def test_server_side_apply_patch_is_415(api: aiohttp.ClientSession) -> None:
     await api.post(CMS, json={"metadata": {"name": "keep"}})
-    resp = await api.patch(f"{CMS}/keep", data=b"data: {a: b}\n",
-                           headers={"Content-Type": "application/apply-patch+yaml"})
+    resp = await api.patch(
+        f"{CMS}/keep",
+        data=b"data: {a: b}\n",
+        headers={"Content-Type": "application/apply-patch+yaml"},
+    )
     await expect_415(resp)
 
 
@@ -78,7 +83,9 @@ async def test_body_without_content_type_is_json(api: aiohttp.ClientSession) -> 
     resp = await api.post(CMS, data=raw, skip_auto_headers=["Content-Type"])
     assert resp.status == 201, await resp.text()
     # PATCH without Content-Type is a merge patch
-    resp = await api.patch(f"{CMS}/curl", data=b'{"data": {"b": "2"}}', skip_auto_headers=["Content-Type"])
+    resp = await api.patch(
+        f"{CMS}/curl", data=b'{"data": {"b": "2"}}', skip_auto_headers=["Content-Type"]
+    )
     assert resp.status == 200, await resp.text()
     assert (await resp.json())["data"] == {"a": "1", "b": "2"}
     # an empty write without Content-Type (DELETE) is fine too
@@ -88,7 +95,9 @@ async def test_body_without_content_type_is_json(api: aiohttp.ClientSession) -> 
 
 async def test_json_with_parameters_and_an_empty_typed_body(api: aiohttp.ClientSession) -> None:
     raw = json.dumps({"metadata": {"name": "c"}}).encode()
-    resp = await api.post(CMS, data=raw, headers={"Content-Type": "application/json; charset=utf-8"})
+    resp = await api.post(
+        CMS, data=raw, headers={"Content-Type": "application/json; charset=utf-8"}
+    )
     assert resp.status == 201, await resp.text()
     # a DELETE that names a type but has no body is not a body to refuse
     resp = await api.delete(f"{CMS}/c", headers={"Content-Type": "text/plain"})
@@ -101,14 +110,20 @@ async def test_json_with_parameters_and_an_empty_typed_body(api: aiohttp.ClientS
         ("application/merge-patch+json", {"data": {"a": None, "b": "2"}}, {"b": "2"}),
         ("application/strategic-merge-patch+json", {"data": {"b": "2"}}, {"a": "1", "b": "2"}),
         ("application/json", {"data": {"b": "2"}}, {"a": "1", "b": "2"}),
-        ("application/json-patch+json",
-         [{"op": "test", "path": "/data/a", "value": "1"}, {"op": "add", "path": "/data/b", "value": "2"},
-          {"op": "move", "from": "/data/a", "path": "/data/c"}],
-         {"b": "2", "c": "1"}),
+        (
+            "application/json-patch+json",
+            [
+                {"op": "test", "path": "/data/a", "value": "1"},
+                {"op": "add", "path": "/data/b", "value": "2"},
+                {"op": "move", "from": "/data/a", "path": "/data/c"},
+            ],
+            {"b": "2", "c": "1"},
+        ),
     ],
 )
-async def test_json_patch_types_apply(api: aiohttp.ClientSession, ctype: str, patch: Any,
-                                      want: dict[str, str]) -> None:
+async def test_json_patch_types_apply(
+    api: aiohttp.ClientSession, ctype: str, patch: Any, want: dict[str, str]
+) -> None:
     await api.post(CMS, json={"metadata": {"name": "p"}, "data": {"a": "1"}})
     resp = await api.patch(f"{CMS}/p", data=json.dumps(patch), headers={"Content-Type": ctype})
     assert resp.status == 200, await resp.text()
@@ -132,8 +147,9 @@ async def test_json_patch_types_apply(api: aiohttp.ClientSession, ctype: str, pa
 )
 async def test_bad_json_patches(api: aiohttp.ClientSession, ops: Any, code: int) -> None:
     await api.post(CMS, json={"metadata": {"name": "p"}, "data": {"a": "1"}})
-    resp = await api.patch(f"{CMS}/p", data=json.dumps(ops),
-                           headers={"Content-Type": "application/json-patch+json"})
+    resp = await api.patch(
+        f"{CMS}/p", data=json.dumps(ops), headers={"Content-Type": "application/json-patch+json"}
+    )
     assert resp.status == code, await resp.text()
     assert (await resp.json())["kind"] == "Status"
     assert (await (await api.get(f"{CMS}/p")).json())["data"] == {"a": "1"}
@@ -142,14 +158,20 @@ async def test_bad_json_patches(api: aiohttp.ClientSession, ops: Any, code: int)
 async def test_json_patch_on_server_tags_and_status(api: aiohttp.ClientSession) -> None:
     await api.post(SERVERS, json={"metadata": {"name": "s"}, "tags": ["a"]})
     ops: list[dict[str, Any]] = [{"op": "add", "path": "/tags/-", "value": "b"}]
-    resp = await api.patch(f"{SERVERS}/s", data=json.dumps(ops),
-                           headers={"Content-Type": "application/json-patch+json"})
+    resp = await api.patch(
+        f"{SERVERS}/s",
+        data=json.dumps(ops),
+        headers={"Content-Type": "application/json-patch+json"},
+    )
     assert resp.status == 200 and (await resp.json())["tags"] == ["a", "b"]
     tags = await (await api.get(f"{SERVERS}/s/tags")).json()
     assert tags == {"tags": ["a", "b"]}
     filtered = await (await api.get(SERVERS, params={"tags": "b"})).json()
     assert [i["metadata"]["name"] for i in filtered["items"]] == ["s"]
     ops = [{"op": "add", "path": "/status", "value": {"phase": "up"}}]
-    resp = await api.patch(f"{SERVERS}/s/status", data=json.dumps(ops),
-                           headers={"Content-Type": "application/json-patch+json"})
+    resp = await api.patch(
+        f"{SERVERS}/s/status",
+        data=json.dumps(ops),
+        headers={"Content-Type": "application/json-patch+json"},
+    )
     assert resp.status == 200 and (await resp.json())["status"] == {"phase": "up"}

@@ -53,10 +53,29 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("", "", ALL),
 ]
 
-BAD_LABELS = ["a in (", "a in ()", "a in x", "a=b=c", "a b", "!", "a,", ",a", "a>1", "-a=b",
-              "a=" + "v" * 64, "k" * 64, "a notin (x", "a==(b)"]
-BAD_FIELDS = ["metadata.name", "spec.x=1", "metadata.labels=x", "metadata.name=a\\q",
-              "metadata.name=a=b"]
+BAD_LABELS = [
+    "a in (",
+    "a in ()",
+    "a in x",
+    "a=b=c",
+    "a b",
+    "!",
+    "a,",
+    ",a",
+    "a>1",
+    "-a=b",
+    "a=" + "v" * 64,
+    "k" * 64,
+    "a notin (x",
+    "a==(b)",
+]
+BAD_FIELDS = [
+    "metadata.name",
+    "spec.x=1",
+    "metadata.labels=x",
+    "metadata.name=a\\q",
+    "metadata.name=a=b",
+]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +134,9 @@ async def expect_status(resp: aiohttp.ClientResponse, code: int) -> dict[str, An
     return body
 
 
-async def read_events(resp: aiohttp.ClientResponse, until: str, seconds: float = 10) -> list[tuple[str, str]]:
+async def read_events(
+    resp: aiohttp.ClientResponse, until: str, seconds: float = 10
+) -> list[tuple[str, str]]:
     """(type, name) events until (and including) the first event about `until`."""
     events: list[tuple[str, str]] = []
 
@@ -133,7 +154,9 @@ async def read_events(resp: aiohttp.ClientResponse, until: str, seconds: float =
 
 
 @pytest.mark.parametrize(("labels", "fields", "want"), CASES)
-async def test_list_selectors(api: aiohttp.ClientSession, labels: str, fields: str, want: list[str]) -> None:
+async def test_list_selectors(
+    api: aiohttp.ClientSession, labels: str, fields: str, want: list[str]
+) -> None:
     ns = await new_namespace(api)
     for name, obj_labels in OBJECTS.items():
         await create(api, ns, name, obj_labels)
@@ -144,7 +167,9 @@ async def test_list_selectors(api: aiohttp.ClientSession, labels: str, fields: s
 
 
 @pytest.mark.parametrize(("labels", "fields", "want"), CASES)
-async def test_watch_selectors(api: aiohttp.ClientSession, labels: str, fields: str, want: list[str]) -> None:
+async def test_watch_selectors(
+    api: aiohttp.ClientSession, labels: str, fields: str, want: list[str]
+) -> None:
     ns = await new_namespace(api)
     async with api.get(cms(ns), params={"watch": "true", **params_of(labels, fields)}) as resp:
         assert resp.status == 200
@@ -153,7 +178,9 @@ async def test_watch_selectors(api: aiohttp.ClientSession, labels: str, fields: 
         # a fence: touching a matching object; events keep their order, so every event
         # the creates caused has arrived before this one
         fence = want[0]
-        patch = await api.patch(f"{cms(ns)}/{fence}", json={"metadata": {"annotations": {"f": "1"}}})
+        patch = await api.patch(
+            f"{cms(ns)}/{fence}", json={"metadata": {"annotations": {"f": "1"}}}
+        )
         assert patch.status == 200
         events = await read_events(resp, fence)
         while events[-1] != ("MODIFIED", fence):
@@ -165,7 +192,9 @@ async def test_field_selector_on_namespace_and_cluster_objects(api: aiohttp.Clie
     one, two = await new_namespace(api), await new_namespace(api)
     await create(api, one, "x", {})
     await create(api, two, "y", {})
-    assert await names(api, f"{TENANT}/configmaps", fieldSelector=f"metadata.namespace={one}") == ["x"]
+    assert await names(api, f"{TENANT}/configmaps", fieldSelector=f"metadata.namespace={one}") == [
+        "x"
+    ]
     got = await names(api, f"{TENANT}/configmaps", fieldSelector=f"metadata.namespace!={one}")
     assert "y" in got and "x" not in got
     # objects that are not namespace-scoped have the empty namespace, as in Kubernetes
@@ -203,7 +232,9 @@ async def test_watch_sees_objects_enter_and_leave_a_selector(api: aiohttp.Client
     async with api.get(cms(ns), params={"watch": "1", "labelSelector": "app=web"}) as resp:
         assert resp.status == 200
         for labels in ({"app": "web"}, {"app": "web", "v": "2"}, {"app": "db"}, {"app": "other"}):
-            r = await api.patch(item, json={"metadata": {"labels": {"app": None, "v": None, **labels}}})
+            r = await api.patch(
+                item, json={"metadata": {"labels": {"app": None, "v": None, **labels}}}
+            )
             assert r.status == 200, await r.text()
         assert (await api.delete(item)).status == 200
         await create(api, ns, "fence", {"app": "web"})
@@ -249,7 +280,9 @@ async def test_malformed_label_selector_is_400(api: aiohttp.ClientSession, bad: 
 
 
 @pytest.mark.parametrize("bad", BAD_FIELDS)
-async def test_malformed_or_unsupported_field_selector_is_400(api: aiohttp.ClientSession, bad: str) -> None:
+async def test_malformed_or_unsupported_field_selector_is_400(
+    api: aiohttp.ClientSession, bad: str
+) -> None:
     ns = await new_namespace(api)
     await create(api, ns, "keep", {})
     for method, extra in (("GET", {}), ("GET", {"watch": "true"}), ("DELETE", {})):
@@ -277,8 +310,11 @@ async def test_selectors_with_other_filters(api: aiohttp.ClientSession, tmp_path
     """Selectors AND with the store's own filters (tags on servers)."""
     ns = await new_namespace(api)
     servers = f"/apis/compute/v1/tenants/acme/namespaces/{ns}/servers"
-    for name, labels, tags in (("s1", {"app": "web"}, ["red"]), ("s2", {"app": "web"}, []),
-                               ("s3", {}, ["red"])):
+    for name, labels, tags in (
+        ("s1", {"app": "web"}, ["red"]),
+        ("s2", {"app": "web"}, []),
+        ("s3", {}, ["red"]),
+    ):
         body = {"metadata": {"name": name, "labels": labels}, "tags": tags}
         assert (await api.post(servers, json=body)).status == 201
     assert await names(api, servers, labelSelector="app=web", tags="red") == ["s1"]

@@ -16,80 +16,184 @@ GOOD: list[tuple[str, str, str, dict[str, object]]] = [
     ("GET", "/api/v1/nodes", "", dict(scope=C, resource="nodes", verb="list", name="")),
     ("GET", "/api/v1/nodes/n1", "", dict(scope=C, resource="nodes", name="n1", verb="get")),
     ("HEAD", "/api/v1/nodes/n1", "", dict(verb="get")),
-    ("PUT", "/api/v1/nodes/n1/power", "", dict(resource="nodes", subresource="power", verb="update")),
+    (
+        "PUT",
+        "/api/v1/nodes/n1/power",
+        "",
+        dict(resource="nodes", subresource="power", verb="update"),
+    ),
     ("GET", "/api/v1/nodes/n1/power", "", dict(subresource="power", verb="get")),
     ("POST", "/api/v1/nodes", "", dict(verb="create", scope=C)),
     ("DELETE", "/api/v1/nodes", "", dict(verb="deletecollection")),
     ("DELETE", "/api/v1/nodes/n1", "", dict(verb="delete", name="n1")),
     ("PATCH", "/api/v1/nodes/n1", "", dict(verb="patch")),
     ("GET", "/api/v1/persistentvolumes/pv-1", "", dict(scope=C, resource="persistentvolumes")),
-    ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", "",
-     dict(api_group="rbac.authorization.k8s.io", api_version="v1", resource="clusterroles")),
+    (
+        "GET",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "",
+        dict(api_group="rbac.authorization.k8s.io", api_version="v1", resource="clusterroles"),
+    ),
     # the Tenant object
     ("GET", "/api/v1/tenants", "", dict(scope=C, resource="tenants", verb="list", tenant=None)),
-    ("GET", "/api/v1/tenants/acme", "", dict(scope=C, resource="tenants", name="acme", tenant="acme")),
+    (
+        "GET",
+        "/api/v1/tenants/acme",
+        "",
+        dict(scope=C, resource="tenants", name="acme", tenant="acme"),
+    ),
     ("DELETE", "/api/v1/tenants/acme", "", dict(verb="delete", tenant="acme")),
-    ("PUT", "/api/v1/tenants/acme/status", "",
-     dict(scope=C, resource="tenants", name="acme", subresource="status", tenant="acme")),
+    (
+        "PUT",
+        "/api/v1/tenants/acme/status",
+        "",
+        dict(scope=C, resource="tenants", name="acme", subresource="status", tenant="acme"),
+    ),
     ("PUT", "/api/v1/tenants/acme/finalize", "", dict(subresource="finalize", tenant="acme")),
     # tenant scope
-    ("GET", "/api/v1/tenants/acme/namespaces", "",
-     dict(scope=T, tenant="acme", resource="namespaces", verb="list")),
-    ("GET", "/api/v1/tenants/acme/namespaces/dev", "",
-     dict(scope=T, tenant="acme", resource="namespaces", name="dev", namespace=None)),
+    (
+        "GET",
+        "/api/v1/tenants/acme/namespaces",
+        "",
+        dict(scope=T, tenant="acme", resource="namespaces", verb="list"),
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/acme/namespaces/dev",
+        "",
+        dict(scope=T, tenant="acme", resource="namespaces", name="dev", namespace=None),
+    ),
     ("POST", "/api/v1/tenants/acme/namespaces", "", dict(scope=T, verb="create")),
-    ("PUT", "/api/v1/tenants/acme/namespaces/dev/status", "",
-     dict(scope=T, resource="namespaces", name="dev", subresource="status")),
-    ("PUT", "/api/v1/tenants/acme/namespaces/dev/finalize", "",
-     dict(scope=T, resource="namespaces", name="dev", subresource="finalize")),
-    ("POST", "/apis/baremetal/v1/tenants/acme/allocations", "",
-     dict(scope=T, api_group="baremetal", resource="allocations", verb="create")),
-    ("GET", "/apis/baremetal/v1/tenants/acme/allocations/a1", "",
-     dict(scope=T, resource="allocations", name="a1", verb="get")),
-    ("GET", "/apis/rbac.authorization.k8s.io/v1/tenants/acme/tenantroles", "",
-     dict(scope=T, resource="tenantroles")),
+    (
+        "PUT",
+        "/api/v1/tenants/acme/namespaces/dev/status",
+        "",
+        dict(scope=T, resource="namespaces", name="dev", subresource="status"),
+    ),
+    (
+        "PUT",
+        "/api/v1/tenants/acme/namespaces/dev/finalize",
+        "",
+        dict(scope=T, resource="namespaces", name="dev", subresource="finalize"),
+    ),
+    (
+        "POST",
+        "/apis/baremetal/v1/tenants/acme/allocations",
+        "",
+        dict(scope=T, api_group="baremetal", resource="allocations", verb="create"),
+    ),
+    (
+        "GET",
+        "/apis/baremetal/v1/tenants/acme/allocations/a1",
+        "",
+        dict(scope=T, resource="allocations", name="a1", verb="get"),
+    ),
+    (
+        "GET",
+        "/apis/rbac.authorization.k8s.io/v1/tenants/acme/tenantroles",
+        "",
+        dict(scope=T, resource="tenantroles"),
+    ),
     # tenant-wide list of a namespaced resource
-    ("GET", "/api/v1/tenants/acme/pods", "", dict(scope=T, tenant="acme", resource="pods", verb="list")),
+    (
+        "GET",
+        "/api/v1/tenants/acme/pods",
+        "",
+        dict(scope=T, tenant="acme", resource="pods", verb="list"),
+    ),
     ("GET", "/apis/compute/v1/tenants/acme/servers", "", dict(scope=T, resource="servers")),
     # namespace scope
-    ("GET", "/api/v1/tenants/acme/namespaces/dev/pods", "",
-     dict(scope=N, tenant="acme", namespace="dev", resource="pods", verb="list")),
-    ("GET", "/api/v1/tenants/acme/namespaces/dev/pods/p1", "",
-     dict(scope=N, name="p1", verb="get")),
+    (
+        "GET",
+        "/api/v1/tenants/acme/namespaces/dev/pods",
+        "",
+        dict(scope=N, tenant="acme", namespace="dev", resource="pods", verb="list"),
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/acme/namespaces/dev/pods/p1",
+        "",
+        dict(scope=N, name="p1", verb="get"),
+    ),
     ("POST", "/api/v1/tenants/acme/namespaces/dev/pods", "", dict(scope=N, verb="create")),
     ("PUT", "/api/v1/tenants/acme/namespaces/dev/pods/p1", "", dict(verb="update")),
     ("PATCH", "/api/v1/tenants/acme/namespaces/dev/pods/p1", "", dict(verb="patch")),
     ("DELETE", "/api/v1/tenants/acme/namespaces/dev/pods/p1", "", dict(verb="delete")),
     ("DELETE", "/api/v1/tenants/acme/namespaces/dev/pods", "", dict(verb="deletecollection")),
     ("GET", "/api/v1/tenants/acme/namespaces/dev/pods/p1/log", "", dict(subresource="log")),
-    ("GET", "/api/v1/tenants/acme/namespaces/dev/pods/status", "",
-     dict(resource="pods", name="status", subresource="")),
-    ("GET", "/apis/apps/v1/tenants/acme/namespaces/dev/deployments/web/scale", "",
-     dict(api_group="apps", resource="deployments", name="web", subresource="scale")),
-    ("GET", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags", "",
-     dict(resource="servers", name="web1", subresource="tags", extra=(), verb="get")),
-    ("PUT", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/red", "",
-     dict(subresource="tags", extra=("red",), verb="update")),
-    ("DELETE", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/red", "",
-     dict(subresource="tags", extra=("red",), verb="delete")),
-    ("GET", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/a/b", "",
-     dict(extra=("a", "b"))),
+    (
+        "GET",
+        "/api/v1/tenants/acme/namespaces/dev/pods/status",
+        "",
+        dict(resource="pods", name="status", subresource=""),
+    ),
+    (
+        "GET",
+        "/apis/apps/v1/tenants/acme/namespaces/dev/deployments/web/scale",
+        "",
+        dict(api_group="apps", resource="deployments", name="web", subresource="scale"),
+    ),
+    (
+        "GET",
+        "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags",
+        "",
+        dict(resource="servers", name="web1", subresource="tags", extra=(), verb="get"),
+    ),
+    (
+        "PUT",
+        "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/red",
+        "",
+        dict(subresource="tags", extra=("red",), verb="update"),
+    ),
+    (
+        "DELETE",
+        "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/red",
+        "",
+        dict(subresource="tags", extra=("red",), verb="delete"),
+    ),
+    (
+        "GET",
+        "/apis/compute/v1/tenants/acme/namespaces/dev/servers/web1/tags/a/b",
+        "",
+        dict(extra=("a", "b")),
+    ),
     ("GET", "/apis/batch/v1/tenants/acme/namespaces/dev/jobs", "", dict(api_group="batch")),
     # short paths: no tenant in the URL
-    ("GET", "/api/v1/namespaces/dev/pods", "",
-     dict(scope=N, tenant=None, namespace="dev", resource="pods", short_path=True)),
-    ("GET", "/api/v1/namespaces/dev", "",
-     dict(scope=T, tenant=None, resource="namespaces", name="dev", short_path=True)),
+    (
+        "GET",
+        "/api/v1/namespaces/dev/pods",
+        "",
+        dict(scope=N, tenant=None, namespace="dev", resource="pods", short_path=True),
+    ),
+    (
+        "GET",
+        "/api/v1/namespaces/dev",
+        "",
+        dict(scope=T, tenant=None, resource="namespaces", name="dev", short_path=True),
+    ),
     ("GET", "/api/v1/namespaces", "", dict(scope=T, resource="namespaces", short_path=True)),
-    ("PUT", "/api/v1/namespaces/dev/finalize", "",
-     dict(scope=T, resource="namespaces", name="dev", subresource="finalize", short_path=True)),
-    ("POST", "/apis/compute/v1/namespaces/dev/servers", "", dict(scope=N, verb="create", short_path=True)),
+    (
+        "PUT",
+        "/api/v1/namespaces/dev/finalize",
+        "",
+        dict(scope=T, resource="namespaces", name="dev", subresource="finalize", short_path=True),
+    ),
+    (
+        "POST",
+        "/apis/compute/v1/namespaces/dev/servers",
+        "",
+        dict(scope=N, verb="create", short_path=True),
+    ),
     # cluster-wide list of a namespaced resource
     ("GET", "/api/v1/pods", "", dict(scope=C, resource="pods", verb="list", tenant=None)),
     ("GET", "/apis/compute/v1/servers", "", dict(scope=C, resource="servers")),
     # watch
-    ("GET", "/api/v1/watch/tenants/acme/namespaces/dev/pods", "",
-     dict(verb="watch", scope=N, tenant="acme", namespace="dev", resource="pods")),
+    (
+        "GET",
+        "/api/v1/watch/tenants/acme/namespaces/dev/pods",
+        "",
+        dict(verb="watch", scope=N, tenant="acme", namespace="dev", resource="pods"),
+    ),
     ("GET", "/api/v1/watch/pods", "", dict(verb="watch", scope=C)),
     ("GET", "/api/v1/tenants/acme/namespaces/dev/pods", "watch=true", dict(verb="watch")),
     ("GET", "/api/v1/tenants/acme/namespaces/dev/pods", "watch=1", dict(verb="watch")),
@@ -193,32 +297,69 @@ def test_short_path_resolution() -> None:
 
 
 def test_explain_shape() -> None:
-    d = parse_target("PUT", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/w/tags/x").as_dict()
+    d = parse_target(
+        "PUT", "/apis/compute/v1/tenants/acme/namespaces/dev/servers/w/tags/x"
+    ).as_dict()
     assert d == {
-        "verb": "update", "apiGroup": "compute", "apiVersion": "v1", "scope": "namespace",
-        "tenant": "acme", "namespace": "dev", "resource": "servers", "subresource": "tags",
-        "name": "w", "resourceRequest": True,
+        "verb": "update",
+        "apiGroup": "compute",
+        "apiVersion": "v1",
+        "scope": "namespace",
+        "tenant": "acme",
+        "namespace": "dev",
+        "resource": "servers",
+        "subresource": "tags",
+        "name": "w",
+        "resourceRequest": True,
         "path": "/apis/compute/v1/tenants/acme/namespaces/dev/servers/w/tags/x",
     }
     assert parse_target("GET", "/api/v1/nodes/n").full_resource == "nodes"
 
 
 _segment = st.one_of(
-    st.sampled_from(["api", "apis", "v1", "tenants", "namespaces", "watch", "status", "finalize",
-                     "acme", "dev", "pods", "servers", "tags", "..", ".", "%2e", "%2F", "%", "%zz",
-                     "%ff", "", "A", "x" * 70]),
+    st.sampled_from(
+        [
+            "api",
+            "apis",
+            "v1",
+            "tenants",
+            "namespaces",
+            "watch",
+            "status",
+            "finalize",
+            "acme",
+            "dev",
+            "pods",
+            "servers",
+            "tags",
+            "..",
+            ".",
+            "%2e",
+            "%2F",
+            "%",
+            "%zz",
+            "%ff",
+            "",
+            "A",
+            "x" * 70,
+        ]
+    ),
     st.text(min_size=0, max_size=12),
 )
 
 
 @settings(max_examples=2000, deadline=None)
 @given(
-    method=st.one_of(st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
-                     st.text(max_size=8)),
+    method=st.one_of(
+        st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+        st.text(max_size=8),
+    ),
     segments=st.lists(_segment, max_size=10),
     query=st.text(max_size=20),
 )
-def test_parser_returns_target_or_its_own_error(method: str, segments: list[str], query: str) -> None:
+def test_parser_returns_target_or_its_own_error(
+    method: str, segments: list[str], query: str
+) -> None:
     path = "/" + "/".join(segments)
     try:
         target = parse_target(method, path, query)
@@ -229,5 +370,13 @@ def test_parser_returns_target_or_its_own_error(method: str, segments: list[str]
         assert isinstance(target, RequestTarget)
         if target.resource_request:
             assert target.scope is not None
-            assert target.verb in {"get", "list", "watch", "create", "update", "patch", "delete",
-                                   "deletecollection"}
+            assert target.verb in {
+                "get",
+                "list",
+                "watch",
+                "create",
+                "update",
+                "patch",
+                "delete",
+                "deletecollection",
+            }

@@ -29,11 +29,26 @@ def expected_lines(case: str) -> list[tuple[int, str]]:
 
 def test_every_check_has_a_fixture() -> None:
     wanted = {
-        "unknown_kind", "unknown_field", "unknown_rule_field", "bad_verb", "dangling_roleref",
-        "cross_tenant_subject", "cross_tenant_roleref", "role_of_other_tenant",
-        "reserved_tenant", "duplicate_name", "owner_verb", "owner_non_resource", "not_yaml",
-        "not_mapping", "no_kind", "bad_tenant_name", "star_user", "tenant_mode_bad",
-        "tenant_mode_duplicate", "policy_test_bad",
+        "unknown_kind",
+        "unknown_field",
+        "unknown_rule_field",
+        "bad_verb",
+        "dangling_roleref",
+        "cross_tenant_subject",
+        "cross_tenant_roleref",
+        "role_of_other_tenant",
+        "reserved_tenant",
+        "duplicate_name",
+        "owner_verb",
+        "owner_non_resource",
+        "not_yaml",
+        "not_mapping",
+        "no_kind",
+        "bad_tenant_name",
+        "star_user",
+        "tenant_mode_bad",
+        "tenant_mode_duplicate",
+        "policy_test_bad",
     }
     assert wanted <= set(CASES)
 
@@ -54,7 +69,10 @@ def test_fixture_reports_exactly_its_problems(case: str) -> None:
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "policy", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -86,9 +104,7 @@ def test_cli_missing_directory_is_a_problem(tmp_path: Path) -> None:
     assert "no such policy file or directory" in result.stdout
 
 
-def test_huge_file_is_reported_not_loaded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_huge_file_is_reported_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy_files, "MAX_FILE_BYTES", 1024)
     (tmp_path / "huge.yaml").write_text("kind: ClusterRole\n# " + "x" * 4096 + "\n")
     _, problems, _ = validate([str(tmp_path)])

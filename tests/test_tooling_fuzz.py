@@ -15,17 +15,69 @@ from sidecar.policy.commands import validate
 from sidecar.policy.store import PolicyStore
 from sidecar.policy.testing import run_tests
 
-KINDS = ["ClusterRole", "TenantRole", "Role", "ClusterRoleBinding", "TenantRoleBinding",
-         "RoleBinding", "RateLimit", "QuotaDefaults", "TenantResourceQuota",
-         "ResourceQuota", "TenantMode", "PolicyTest", "Bogus"]
-KEYS = ["kind", "metadata", "name", "tenant", "namespace", "rules", "verbs", "resources",
-        "apiGroups", "roleRef", "subjects", "spec", "mode", "cases", "identity",
-        "request", "expect", "when", "hard", "rate", "burst", "method", "path", "user"]
+KINDS = [
+    "ClusterRole",
+    "TenantRole",
+    "Role",
+    "ClusterRoleBinding",
+    "TenantRoleBinding",
+    "RoleBinding",
+    "RateLimit",
+    "QuotaDefaults",
+    "TenantResourceQuota",
+    "ResourceQuota",
+    "TenantMode",
+    "PolicyTest",
+    "Bogus",
+]
+KEYS = [
+    "kind",
+    "metadata",
+    "name",
+    "tenant",
+    "namespace",
+    "rules",
+    "verbs",
+    "resources",
+    "apiGroups",
+    "roleRef",
+    "subjects",
+    "spec",
+    "mode",
+    "cases",
+    "identity",
+    "request",
+    "expect",
+    "when",
+    "hard",
+    "rate",
+    "burst",
+    "method",
+    "path",
+    "user",
+]
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True),
-    st.sampled_from(KINDS + KEYS + ["*", "", "acme", "get", "owner", "GET", "/api/v1/pods",
-                                    "allow", "dry-run", "system:authenticated"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=True),
+    st.sampled_from(
+        KINDS
+        + KEYS
+        + [
+            "*",
+            "",
+            "acme",
+            "get",
+            "owner",
+            "GET",
+            "/api/v1/pods",
+            "allow",
+            "dry-run",
+            "system:authenticated",
+        ]
+    ),
     st.text(max_size=8),
 )
 values: st.SearchStrategy[Any] = st.recursive(
@@ -77,24 +129,43 @@ def test_random_bytes_never_crash(data: bytes) -> None:
     check_dir({"p.yaml": data, "q.yml": b"kind: ClusterRole\nmetadata: {name: ok}\n"})
 
 
-case_values = st.one_of(values, st.fixed_dictionaries({
-    "name": st.text(min_size=1, max_size=5),
-    "identity": st.fixed_dictionaries({"user": st.sampled_from(["u", "admin"]),
-                                       "tenant": st.sampled_from(["acme", "system", "Bad"]),
-                                       "groups": st.lists(st.sampled_from(["g", "devs"]))}),
-    "request": st.fixed_dictionaries({
-        "method": st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
-        "path": st.one_of(
-            st.sampled_from(["/api/v1/nodes", "/api/v1/tenants/acme/namespaces/dev/pods",
-                             "/api/v1/namespaces/dev/pods/p", "/version", "/apis//x",
-                             "/api/v1/tenants/acme/%zz", "/apis/baremetal/v1/tenants/acme/"
-                             "allocations"]),
-            st.text(max_size=12).map(lambda t: "/" + t)),
-        "body": values,
-    }),
-    "object": values,
-    "expect": st.sampled_from(["allow", "deny", "filter", "notfound"]),
-}))
+case_values = st.one_of(
+    values,
+    st.fixed_dictionaries(
+        {
+            "name": st.text(min_size=1, max_size=5),
+            "identity": st.fixed_dictionaries(
+                {
+                    "user": st.sampled_from(["u", "admin"]),
+                    "tenant": st.sampled_from(["acme", "system", "Bad"]),
+                    "groups": st.lists(st.sampled_from(["g", "devs"])),
+                }
+            ),
+            "request": st.fixed_dictionaries(
+                {
+                    "method": st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+                    "path": st.one_of(
+                        st.sampled_from(
+                            [
+                                "/api/v1/nodes",
+                                "/api/v1/tenants/acme/namespaces/dev/pods",
+                                "/api/v1/namespaces/dev/pods/p",
+                                "/version",
+                                "/apis//x",
+                                "/api/v1/tenants/acme/%zz",
+                                "/apis/baremetal/v1/tenants/acme/allocations",
+                            ]
+                        ),
+                        st.text(max_size=12).map(lambda t: "/" + t),
+                    ),
+                    "body": values,
+                }
+            ),
+            "object": values,
+            "expect": st.sampled_from(["allow", "deny", "filter", "notfound"]),
+        }
+    ),
+)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

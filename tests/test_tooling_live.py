@@ -59,21 +59,25 @@ def auth(token: str) -> dict[str, str]:
 
 
 class Live:
-    def __init__(self, tmp: Path, store: harness.Proc, reload: dict[str, Any],
-                 mode: str = "enforce") -> None:
+    def __init__(
+        self, tmp: Path, store: harness.Proc, reload: dict[str, Any], mode: str = "enforce"
+    ) -> None:
         self.dir = tmp / "policies"
         self.dir.mkdir()
         (self.dir / "roles.yaml").write_text(ROLE)
         self.audit = tmp / "audit.log"
         tokens = harness.write_tokens(tmp, TOKENS)
-        self.proc = harness.start_sidecar(tmp, {
-            "upstream": store.url,
-            "policies": str(self.dir),
-            "mode": mode,
-            "identity": {"tokenFile": str(tokens)},
-            "audit": {"path": str(self.audit)},
-            "reload": reload,
-        })
+        self.proc = harness.start_sidecar(
+            tmp,
+            {
+                "upstream": store.url,
+                "policies": str(self.dir),
+                "mode": mode,
+                "identity": {"tokenFile": str(tokens)},
+                "audit": {"path": str(self.audit)},
+                "reload": reload,
+            },
+        )
         self.url = self.proc.url
 
     def revision(self) -> str:
@@ -90,8 +94,14 @@ def store(tmp_path: Path) -> Iterator[harness.Proc]:
     proc.stop()
 
 
-async def call(http: aiohttp.ClientSession, url: str, token: str, path: str = PODS,
-               method: str = "GET", body: Any = None) -> tuple[int, dict[str, Any]]:
+async def call(
+    http: aiohttp.ClientSession,
+    url: str,
+    token: str,
+    path: str = PODS,
+    method: str = "GET",
+    body: Any = None,
+) -> tuple[int, dict[str, Any]]:
     async with http.request(method, url + path, headers=auth(token), json=body) as resp:
         data = await resp.read()
         try:
@@ -129,8 +139,9 @@ async def eventually(check: Any, limit: float = 10.0) -> float:
 
 
 async def create_tenant(http: aiohttp.ClientSession, url: str, name: str) -> None:
-    status, body = await call(http, url, "t-admin", "/api/v1/tenants", "POST",
-                              {"metadata": {"name": name}})
+    status, body = await call(
+        http, url, "t-admin", "/api/v1/tenants", "POST", {"metadata": {"name": name}}
+    )
     assert status in (200, 201), body
 
 
@@ -182,18 +193,20 @@ async def test_good_change_takes_effect_and_broken_change_is_refused(
             assert "1 problem(s)" in policy["detail"]
             assert str(live.dir) not in policy["detail"]
             assert new_revision in policy["detail"]
-            assert await metric(http, live.url,
-                                'sidecar_policy_reload_total{result="failure"}') >= 1
-            assert await metric(
-                http, live.url, f'sidecar_policy_info{{revision="{new_revision}"}}') == 1
+            assert (
+                await metric(http, live.url, 'sidecar_policy_reload_total{result="failure"}') >= 1
+            )
+            assert (
+                await metric(http, live.url, f'sidecar_policy_info{{revision="{new_revision}"}}')
+                == 1
+            )
             assert "broken.yaml:3: not valid YAML" in live.proc.log()
 
             # Fixing it clears the refusal.
             (live.dir / "broken.yaml").unlink()
 
             async def cleared() -> bool:
-                return "refused" not in (await ready(http, live.url))["checks"]["policy"][
-                    "detail"]
+                return "refused" not in (await ready(http, live.url))["checks"]["policy"]["detail"]
 
             await eventually(cleared)
             assert live.proc.proc.poll() is None
@@ -222,8 +235,9 @@ async def test_concurrent_requests_during_100_reloads_are_consistent(
             async def client() -> None:
                 while not stop.is_set():
                     rid = os.urandom(8).hex()
-                    async with http.get(live.url + PODS,
-                                        headers={**auth("t-bob"), "X-Request-Id": rid}) as r:
+                    async with http.get(
+                        live.url + PODS, headers={**auth("t-bob"), "X-Request-Id": rid}
+                    ) as r:
                         await r.read()
                         seen.append((rid, r.status))
 
@@ -244,8 +258,9 @@ async def test_concurrent_requests_during_100_reloads_are_consistent(
                 await eventually(swapped, limit=10)
             stop.set()
             await asyncio.gather(*clients)
-            successes = await metric(http, live.url,
-                                     'sidecar_policy_reload_total{result="success"}')
+            successes = await metric(
+                http, live.url, 'sidecar_policy_reload_total{result="success"}'
+            )
             assert successes >= 100
         live.proc.stop()
         records = {r["requestId"]: r for r in live.audit_records()}
@@ -284,8 +299,8 @@ async def test_dry_run_per_tenant_forwards_logs_and_counts(
             status, body = await call(http, live.url, "t-bob")
             assert status == 403 and body["reason"] == "Forbidden"
             would_deny = await metric(
-                http, live.url,
-                'sidecar_decisions_total{outcome="would_deny",tenant="beta"}')
+                http, live.url, 'sidecar_decisions_total{outcome="would_deny",tenant="beta"}'
+            )
             assert would_deny >= 1
         live.proc.stop()
         carl = [r for r in live.audit_records() if r["user"] == "carl" and r["status"] == 200]
@@ -306,9 +321,12 @@ async def test_global_dry_run_mode(tmp_path: Path, store: harness.Proc) -> None:
             await create_tenant(http, live.url, "acme")
             status, _ = await call(http, live.url, "t-bob")
             assert status == 200
-            assert await metric(
-                http, live.url,
-                'sidecar_decisions_total{outcome="would_deny",tenant="acme"}') == 1
+            assert (
+                await metric(
+                    http, live.url, 'sidecar_decisions_total{outcome="would_deny",tenant="acme"}'
+                )
+                == 1
+            )
     finally:
         live.proc.stop()
 
@@ -318,17 +336,35 @@ async def test_audit_line_fields(tmp_path: Path, store: harness.Proc) -> None:
     try:
         async with aiohttp.ClientSession() as http:
             await create_tenant(http, live.url, "acme")
-            async with http.get(live.url + PODS,
-                                headers={**auth("t-bob"), "X-Request-Id": "audit-1"}) as r:
+            async with http.get(
+                live.url + PODS, headers={**auth("t-bob"), "X-Request-Id": "audit-1"}
+            ) as r:
                 assert r.status == 403
         live.proc.stop()
         record = {r["requestId"]: r for r in live.audit_records()}["audit-1"]
-        for key in ("time", "requestId", "user", "tenant", "verb", "resource",
-                    "targetTenant", "namespace", "name", "decision", "reason", "revision",
-                    "status", "latencyMs"):
+        for key in (
+            "time",
+            "requestId",
+            "user",
+            "tenant",
+            "verb",
+            "resource",
+            "targetTenant",
+            "namespace",
+            "name",
+            "decision",
+            "reason",
+            "revision",
+            "status",
+            "latencyMs",
+        ):
             assert key in record, key
         assert (record["user"], record["tenant"], record["verb"], record["resource"]) == (
-            "bob", "acme", "list", "pods")
+            "bob",
+            "acme",
+            "list",
+            "pods",
+        )
         assert (record["targetTenant"], record["namespace"]) == ("acme", "default")
         assert record["decision"] == "deny" and record["status"] == 403
         assert record["revision"] == live.revision()

@@ -33,21 +33,21 @@ def test_mode_for_prefers_the_tenant_override() -> None:
 
 def test_problems_name_file_and_line() -> None:
     modes, problems = parse(
-        "kind: TenantMode\n"          # 1
-        "metadata: {name: x}\n"       # 2
-        "spec:\n"                     # 3
-        "  tenant: '*'\n"             # 4
-        "  mode: dry-run\n"           # 5
-        "---\n"                       # 6
-        "kind: TenantMode\n"          # 7
-        "metadata: {name: y}\n"       # 8
-        "spec:\n"                     # 9
-        "  tenant: acme\n"            # 10
-        "  mode: on\n"                # 11
-        "---\n"                       # 12
-        "kind: TenantMode\n"          # 13
-        "metadata: {}\n"              # 14
-        "extra: 1\n"                  # 15
+        "kind: TenantMode\n"  # 1
+        "metadata: {name: x}\n"  # 2
+        "spec:\n"  # 3
+        "  tenant: '*'\n"  # 4
+        "  mode: dry-run\n"  # 5
+        "---\n"  # 6
+        "kind: TenantMode\n"  # 7
+        "metadata: {name: y}\n"  # 8
+        "spec:\n"  # 9
+        "  tenant: acme\n"  # 10
+        "  mode: on\n"  # 11
+        "---\n"  # 12
+        "kind: TenantMode\n"  # 13
+        "metadata: {}\n"  # 14
+        "extra: 1\n"  # 15
     )
     assert modes == {}
     assert any(p.startswith("modes.yaml:4: TenantMode spec.tenant '*'") for p in problems)

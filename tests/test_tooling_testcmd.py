@@ -52,7 +52,10 @@ cases:
 def policy(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "policy", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -79,8 +82,18 @@ def test_shipped_suites_cover_every_layer() -> None:
     outcomes = {r.actual for r in report.results}
     assert outcomes == {"allow", "deny", "filter", "notfound"}
     kinds = {d.kind for d in bundle.documents}
-    assert {"ClusterRole", "TenantRole", "Role", "ClusterRoleBinding", "TenantRoleBinding",
-            "RoleBinding", "RateLimit", "QuotaDefaults", "TenantMode", "PolicyTest"} <= kinds
+    assert {
+        "ClusterRole",
+        "TenantRole",
+        "Role",
+        "ClusterRoleBinding",
+        "TenantRoleBinding",
+        "RoleBinding",
+        "RateLimit",
+        "QuotaDefaults",
+        "TenantMode",
+        "PolicyTest",
+    } <= kinds
 
 
 def test_failing_case_line_summary_and_exit_code(tmp_path: Path) -> None:
@@ -139,8 +152,9 @@ def test_shipped_policies_can_be_copied_and_extended(tmp_path: Path) -> None:
     dest = tmp_path / "policies"
     shutil.copytree(POLICIES, dest)
     (dest / "90-mine.yaml").write_text(ROLES)
-    (dest / "tests" / "mine.yaml").write_text(SUITE.replace(
-        "expect: allow\n- name: other", "expect: deny\n- name: other"))
+    (dest / "tests" / "mine.yaml").write_text(
+        SUITE.replace("expect: allow\n- name: other", "expect: deny\n- name: other")
+    )
     assert policy("check", str(dest)).returncode == 0
     result = policy("test", str(dest))
     assert result.returncode == 0, result.stdout
@@ -148,15 +162,35 @@ def test_shipped_policies_can_be_copied_and_extended(tmp_path: Path) -> None:
 
 
 def test_explain_json_shape() -> None:
-    result = policy("explain", "--json", "--user", "bob", "--tenant", "acme", "--group",
-                    "developers", "GET", "/api/v1/tenants/acme/namespaces/dev/pods",
-                    str(POLICIES))
+    result = policy(
+        "explain",
+        "--json",
+        "--user",
+        "bob",
+        "--tenant",
+        "acme",
+        "--group",
+        "developers",
+        "GET",
+        "/api/v1/tenants/acme/namespaces/dev/pods",
+        str(POLICIES),
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert set(out) == {"target", "decision", "reason", "revision"}
-    assert set(out["target"]) == {"verb", "apiGroup", "apiVersion", "scope", "tenant",
-                                  "namespace", "resource", "subresource", "name",
-                                  "resourceRequest", "path"}
+    assert set(out["target"]) == {
+        "verb",
+        "apiGroup",
+        "apiVersion",
+        "scope",
+        "tenant",
+        "namespace",
+        "resource",
+        "subresource",
+        "name",
+        "resourceRequest",
+        "path",
+    }
     assert out["decision"] == "allow"
     bundle, _, _ = validate([str(POLICIES)])
     assert out["revision"] == bundle.revision

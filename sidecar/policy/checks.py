@@ -77,8 +77,9 @@ def warnings(docs: Sequence[Document]) -> list[Problem]:
         for i, rule in enumerate(rules):
             if not isinstance(rule, Node) or rule.get("when") != "owner":
                 continue
-            message = owner_rule_warning(_strings(rule.get("apiGroups")),
-                                         _strings(rule.get("resources")))
+            message = owner_rule_warning(
+                _strings(rule.get("apiGroups")), _strings(rule.get("resources"))
+            )
             if message:
                 out.append(Problem(doc.file, rules.line_of(i), message))
     return out

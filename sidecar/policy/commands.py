@@ -68,9 +68,7 @@ def _check(args: argparse.Namespace) -> int:
     if problems:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(
-        f"ok: {len(bundle.documents)} documents, revision {bundle.revision}", file=sys.stderr
-    )
+    print(f"ok: {len(bundle.documents)} documents, revision {bundle.revision}", file=sys.stderr)
     return 0
 
 

@@ -89,8 +89,16 @@ def owner_ok(own: str, cond: str) -> bool:
 
 
 def rule_match(
-    scope: str, grp: str, res: str, name: str, act: str,
-    kind: str, pgrp: str, pres: str, pname: str, pact: str,
+    scope: str,
+    grp: str,
+    res: str,
+    name: str,
+    act: str,
+    kind: str,
+    pgrp: str,
+    pres: str,
+    pname: str,
+    pact: str,
 ) -> bool:
     """Kubernetes rule matching. Request values are literal: a request naming `*` (or
     anything with `*` in its group, resource or verb) matches nothing."""
@@ -147,13 +155,32 @@ def compile_rbac(policy: RbacPolicy) -> Compiled:
         for rule in role.rules:
             verbs = ",".join(rule.verbs)
             if rule.non_resource_urls:
-                p_lines.append((role.key, "url", "", ",".join(rule.non_resource_urls), "",
-                                verbs, "", rule.rule_id))
+                p_lines.append(
+                    (
+                        role.key,
+                        "url",
+                        "",
+                        ",".join(rule.non_resource_urls),
+                        "",
+                        verbs,
+                        "",
+                        rule.rule_id,
+                    )
+                )
             else:
                 cond = OWNER_PREFIX + rule.owner_field if rule.owner else ""
-                p_lines.append((role.key, "res", ",".join(rule.api_groups),
-                                ",".join(rule.resources), ",".join(rule.resource_names),
-                                verbs, cond, rule.rule_id))
+                p_lines.append(
+                    (
+                        role.key,
+                        "res",
+                        ",".join(rule.api_groups),
+                        ",".join(rule.resources),
+                        ",".join(rule.resource_names),
+                        verbs,
+                        cond,
+                        rule.rule_id,
+                    )
+                )
     return Compiled(MODEL_TEXT, p_lines, g_lines, link_bindings)
 
 

@@ -85,7 +85,7 @@ class Grant:
 
     @property
     def owner_field(self) -> str:
-        return self.line[6][len(OWNER_PREFIX):]
+        return self.line[6][len(OWNER_PREFIX) :]
 
     def explain(self) -> str:
         return f"{self.binding} → {self.role} → rule {self.rule_id}"
@@ -136,9 +136,13 @@ class PolicyEngine:
                     entry.by_resource.setdefault(r, []).append(line)
         # (apiGroups, resources, ownerField) of every owner rule, for `owner_fields`.
         self._owner_rules: list[tuple[frozenset[str], frozenset[str], str]] = [
-            (frozenset(rule.api_groups),
-             frozenset(r.partition("/")[0] for r in rule.resources), rule.owner_field)
-            for role_def in self.policy.roles.values() for rule in role_def.rules
+            (
+                frozenset(rule.api_groups),
+                frozenset(r.partition("/")[0] for r in rule.resources),
+                rule.owner_field,
+            )
+            for role_def in self.policy.roles.values()
+            for rule in role_def.rules
             if rule.owner
         ]
         # (domain, subject) → {role: binding label}
@@ -207,8 +211,11 @@ class PolicyEngine:
         """The owner fields a write's body must keep to the caller's tenant
         (`owner.enforce_owner`), or () when no such rule applies: only a grant in force
         cluster-wide may set another tenant as owner, on create, update or patch."""
-        if (not target.resource_request or target.verb not in _OWNER_BODY_VERBS
-                or target.subresource):
+        if (
+            not target.resource_request
+            or target.verb not in _OWNER_BODY_VERBS
+            or target.subresource
+        ):
             return ()
         fields = dict.fromkeys(g.owner_field for g in match.owner) if match.owner_only else {}
         fields.update(dict.fromkeys(self.owner_fields(target.api_group, target.resource)))
@@ -217,7 +224,10 @@ class PolicyEngine:
         return tuple(fields)
 
     def match(
-        self, identity: Identity, target: RequestTarget, any_verb: bool = False,
+        self,
+        identity: Identity,
+        target: RequestTarget,
+        any_verb: bool = False,
         domains: tuple[str, ...] | None = None,
     ) -> Match:
         """What the policy grants; `domains` limits the bindings looked at (e.g. `("*",)`
@@ -254,8 +264,11 @@ class PolicyEngine:
                         names.update(zip(_P_TOKENS, line, strict=True))
                         if not self._expr.eval(names):
                             continue
-                        grant = Grant(line, self._binding_for(sub, role_key, line, nd, td, scope)
-                                      or binding, role.label)
+                        grant = Grant(
+                            line,
+                            self._binding_for(sub, role_key, line, nd, td, scope) or binding,
+                            role.label,
+                        )
                         if not line[6]:
                             return Match(unconditional=grant, owner=tuple(owner))
                         owner.append(grant)
@@ -301,13 +314,16 @@ class PolicyEngine:
                     "filter",
                     f"only objects owned by tenant {identity.tenant!r} may be {what}: "
                     f"owner rule via {first.explain()}",
-                    rev, first.owner_field, first.rule_id,
+                    rev,
+                    first.owner_field,
+                    first.rule_id,
                 )
             return Decision(
                 "deny",
                 f"{verb} on {target.full_resource} is granted only by an owner rule "
                 f"({first.explain()}), which cannot apply to a whole collection",
-                rev, first.owner_field,
+                rev,
+                first.owner_field,
             )
         if verb not in _ITEM_VERBS:
             return Decision("deny", _deny_reason(identity, target), rev)
@@ -316,7 +332,8 @@ class PolicyEngine:
                 "notfound",
                 f"{target.full_resource} {target.name!r} is reachable only through an owner "
                 "rule and its owner is unknown",
-                rev, first.owner_field,
+                rev,
+                first.owner_field,
             )
         for grant in match.owner:
             if owner_value(obj, grant.owner_field) == identity.tenant:
@@ -324,13 +341,16 @@ class PolicyEngine:
                     "allow",
                     f"allowed by owner rule ({grant.owner_field} is {identity.tenant!r}) "
                     f"via {grant.explain()}",
-                    rev, grant.owner_field, grant.rule_id,
+                    rev,
+                    grant.owner_field,
+                    grant.rule_id,
                 )
         return Decision(
             "notfound",
             f"{target.resource} {target.name!r} is not owned by tenant {identity.tenant!r} "
             f"({first.owner_field}) and only owner rules grant {verb} on it",
-            rev, first.owner_field,
+            rev,
+            first.owner_field,
         )
 
 
@@ -346,8 +366,10 @@ def _deny_reason(identity: Identity, target: RequestTarget) -> str:
     elif target.scope == Scope.CLUSTER:
         where = " at the cluster scope"
     group = f' in API group "{target.api_group}"' if target.api_group else ""
-    return (f'{who} cannot {target.verb} resource "{target.full_resource}"{group}{where}: '
-            "no binding grants it")
+    return (
+        f'{who} cannot {target.verb} resource "{target.full_resource}"{group}{where}: '
+        "no binding grants it"
+    )
 
 
 def subject_keys(identity: Identity) -> list[str]:
@@ -365,8 +387,7 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
     if not identity.user:
         return "the caller has no user name"
     if not target.resource_request:
-        return ("", NO_DOMAIN, NO_DOMAIN, "url", "", target.path.split("?", 1)[0], "",
-                target.verb)
+        return ("", NO_DOMAIN, NO_DOMAIN, "url", "", target.path.split("?", 1)[0], "", target.verb)
     tenant = target.tenant
     if target.scope == Scope.CLUSTER:
         # A tenant's own bindings reach the cluster level only for cluster-scoped
@@ -416,9 +437,17 @@ class DecisionCache:
     @staticmethod
     def key(engine: PolicyEngine, identity: Identity, target: RequestTarget) -> tuple[Any, ...]:
         return (
-            engine.revision, identity.user, identity.tenant, tuple(sorted(identity.groups)),
-            target.verb, target.api_group, target.full_resource, target.name,
-            target.scope, target.tenant, target.namespace,
+            engine.revision,
+            identity.user,
+            identity.tenant,
+            tuple(sorted(identity.groups)),
+            target.verb,
+            target.api_group,
+            target.full_resource,
+            target.name,
+            target.scope,
+            target.tenant,
+            target.namespace,
             "" if target.resource_request else target.path,
         )
 
@@ -439,7 +468,11 @@ class DecisionCache:
         return self.finish(engine, self.match(engine, identity, target), identity, target, obj)
 
     def finish(
-        self, engine: PolicyEngine, m: Match, identity: Identity, target: RequestTarget,
+        self,
+        engine: PolicyEngine,
+        m: Match,
+        identity: Identity,
+        target: RequestTarget,
         obj: Any = None,
     ) -> Decision:
         """`engine.finish`, cached by owner value for owner-dependent item decisions."""

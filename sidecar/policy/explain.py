@@ -37,7 +37,10 @@ def parse_request(method: str, path: str) -> RequestTarget:
 
 
 def _decide(
-    bundle: PolicyBundle, identity: Identity, target: RequestTarget, obj: Any,
+    bundle: PolicyBundle,
+    identity: Identity,
+    target: RequestTarget,
+    obj: Any,
     conceal: bool = True,
 ) -> tuple[RequestTarget, Decision, Match]:
     """Decide as the running sidecar does: the isolation stage first (a target outside
@@ -52,8 +55,10 @@ def _decide(
             and not engine.can_reach(identity, target)
         ):
             where = f"tenant {target.tenant!r}" if target.tenant is not None else "cluster level"
-            reason = (f"isolation: {where} is outside the caller's tenant {identity.tenant!r} "
-                      "and no binding in force reaches it")
+            reason = (
+                f"isolation: {where} is outside the caller's tenant {identity.tenant!r} "
+                "and no binding in force reaches it"
+            )
             outcome: Outcome = "notfound" if conceal else "deny"
             return target, Decision(outcome, reason, bundle.revision), Match()
     match = engine.match(identity, target)
@@ -61,7 +66,11 @@ def _decide(
 
 
 def explain(
-    bundle: PolicyBundle, identity: Identity, method: str, path: str, obj: Any = None,
+    bundle: PolicyBundle,
+    identity: Identity,
+    method: str,
+    path: str,
+    obj: Any = None,
     conceal: bool = True,
 ) -> dict[str, Any]:
     """The `policy explain --json` object. Raises TargetError for a malformed path."""
@@ -107,12 +116,16 @@ def evaluate_case(
     fields = bundle.engine.owner_checks(match, identity, target) if decision.allowed else ()
     if body is not None and fields:
         # A list body can only be a JSON patch; a mapping is a merge patch or an object.
-        content_type = "application/json-patch+json" if isinstance(body, list) else (
-            "application/merge-patch+json")
+        content_type = (
+            "application/json-patch+json"
+            if isinstance(body, list)
+            else ("application/merge-patch+json")
+        )
         try:
             doc = json.loads(body) if isinstance(body, str) else body
-            enforce_owner(doc, identity.tenant, fields, target.verb,
-                          patch_kind(method, content_type))
+            enforce_owner(
+                doc, identity.tenant, fields, target.verb, patch_kind(method, content_type)
+            )
         except ValueError:
             return "error", "the case's body is not valid JSON", decision.rule_id
         except StatusError as exc:

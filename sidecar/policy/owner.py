@@ -52,8 +52,10 @@ def _raw_at(obj: Any, parts: list[str]) -> Any:
 
 def item_path(target: RequestTarget) -> str:
     """The URL of the object a target addresses (its parent object for subresources)."""
-    prefix = f"/apis/{target.api_group}/{target.api_version}" if target.api_group else (
-        f"/api/{target.api_version}"
+    prefix = (
+        f"/apis/{target.api_group}/{target.api_version}"
+        if target.api_group
+        else (f"/api/{target.api_version}")
     )
     res, name = quote(target.resource, safe=""), quote(target.name, safe="")
     if target.scope == Scope.NAMESPACE:
@@ -75,8 +77,13 @@ class OwnerLookup:
         )
 
     async def fetch(
-        self, get_json: GetJson, identity: Identity, target: RequestTarget,
-        request_id: str = "", *, fresh: bool = False,
+        self,
+        get_json: GetJson,
+        identity: Identity,
+        target: RequestTarget,
+        request_id: str = "",
+        *,
+        fresh: bool = False,
     ) -> dict[str, Any] | None:
         """The stored object (only as a mapping), or None when it does not exist (the
         caller decides as for an object nobody owns, so the two look alike); 503 if
@@ -92,16 +99,16 @@ class OwnerLookup:
             status, body = await get_json(path, identity, request_id=request_id)
         except StatusError as exc:
             raise StatusError(
-                503, f"cannot check the owner of {target.resource} {target.name!r}: "
-                f"{exc.message}"
+                503, f"cannot check the owner of {target.resource} {target.name!r}: {exc.message}"
             ) from None
         if status == 404:
             self.forget(identity, target)
             return None
         if status != 200:
             raise StatusError(
-                503, f"cannot check the owner of {target.resource} {target.name!r}: "
-                f"the upstream answered {status}"
+                503,
+                f"cannot check the owner of {target.resource} {target.name!r}: "
+                f"the upstream answered {status}",
             )
         obj = body if isinstance(body, dict) else {}
         if self._cache is not None:
@@ -125,8 +132,9 @@ def list_filter(tenant: str, field: str) -> Callable[[int, bytes], bytes]:
         except ValueError:
             doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-            return json.dumps({"kind": "List", "apiVersion": "v1", "metadata": {},
-                               "items": []}).encode()
+            return json.dumps(
+                {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []}
+            ).encode()
         doc["items"] = [i for i in doc["items"] if owner_value(i, field) == tenant]
         return json.dumps(doc).encode()
 
@@ -143,9 +151,7 @@ def patch_kind(method: str, content_type: str) -> PatchKind:
     return "json" if "json-patch" in content_type else "merge"
 
 
-def enforce_owner(
-    doc: Any, tenant: str, fields: Sequence[str], verb: str, kind: PatchKind
-) -> Any:
+def enforce_owner(doc: Any, tenant: str, fields: Sequence[str], verb: str, kind: PatchKind) -> Any:
     """The owner rule for a write under a grant that is not cluster-wide (DESIGN §5):
     every owner field ends up the caller's tenant. A create or update with no owner
     (missing, null, "") gets `tenant`; a patch may leave the owner alone or set it to
@@ -166,23 +172,25 @@ def enforce_owner(
 
 
 def _foreign(field: str, tenant: str, value: Any) -> StatusError:
-    return forbidden(f"{field} must be your tenant {tenant!r} or empty, not "
-                     f"{json.dumps(value)}: only a cluster-wide grant (ClusterRoleBinding) "
-                     "may set another owner")
+    return forbidden(
+        f"{field} must be your tenant {tenant!r} or empty, not "
+        f"{json.dumps(value)}: only a cluster-wide grant (ClusterRoleBinding) "
+        "may set another owner"
+    )
 
 
 def _cleared(field: str) -> StatusError:
     return forbidden(f"{field} cannot be cleared by a patch: owners cannot give objects away")
 
 
-def _check_object(body: dict[str, Any], tenant: str, field: str, *, patch: bool,
-                  verb: str) -> None:
+def _check_object(body: dict[str, Any], tenant: str, field: str, *, patch: bool, verb: str) -> None:
     parts = field.split(".")
     try:
         value = _raw_at(body, parts)
     except ValueError:
-        raise forbidden(f"{field} has the wrong shape: {'.'.join(parts[:-1])} must be "
-                        "an object") from None
+        raise forbidden(
+            f"{field} has the wrong shape: {'.'.join(parts[:-1])} must be an object"
+        ) from None
     if value == tenant or (patch and value is _MISSING):
         return
     if value is _MISSING or value is None or value == "":
@@ -219,6 +227,8 @@ def _check_json_patch(ops: list[Any], tenant: str, field: str) -> None:
                 if value is None or value == "":
                     raise _cleared(field)
                 raise _foreign(field, tenant, value)
-            raise forbidden(f"this JSON patch operation on {op.get(key)!r} would change "
-                            f"{field}: set it to your tenant {tenant!r} at {pointer} or "
-                            "leave it alone")
+            raise forbidden(
+                f"this JSON patch operation on {op.get(key)!r} would change "
+                f"{field}: set it to your tenant {tenant!r} at {pointer} or "
+                "leave it alone"
+            )

@@ -274,8 +274,12 @@ def _scope_field(c: _Checker, meta: Node, key: str, needed: bool, kind: str) -> 
     value = meta.get(key)
     if not needed:
         if value is not None:
-            c.error(f"{kind} is not {'tenant' if key == 'tenant' else 'namespace'}-scoped: "
-                    f"metadata.{key} is not allowed", meta, key)
+            c.error(
+                f"{kind} is not {'tenant' if key == 'tenant' else 'namespace'}-scoped: "
+                f"metadata.{key} is not allowed",
+                meta,
+                key,
+            )
             return None
         return ""
     if not isinstance(value, str) or not value:
@@ -331,8 +335,11 @@ def _parse_rule(
         if not owner:
             c.error("'ownerField' needs 'when: owner'", raw, "ownerField")
         if not isinstance(owner_field, str) or not _OWNER_FIELD_RE.match(owner_field):
-            c.error(f"'ownerField' must be a dotted field path like spec.owner, not "
-                    f"{owner_field!r}", raw, "ownerField")
+            c.error(
+                f"'ownerField' must be a dotted field path like spec.owner, not {owner_field!r}",
+                raw,
+                "ownerField",
+            )
             owner_field = DEFAULT_OWNER_FIELD
     if verbs is not None and not verbs:
         c.error("'verbs' is empty: the rule grants nothing", raw, "verbs")
@@ -347,26 +354,38 @@ def _parse_rule(
             c.error("'resources' is empty: the rule matches nothing", raw, "resources")
         for i, r in enumerate(resources):
             if not r or (("*" in r) and r != "*" and not (r.startswith("*/") and "*" not in r[2:])):
-                c.error(f"resource {r!r}: '*' may only stand alone or as '*/subresource'",
-                        raw["resources"], i)
+                c.error(
+                    f"resource {r!r}: '*' may only stand alone or as '*/subresource'",
+                    raw["resources"],
+                    i,
+                )
             elif r.count("/") > 1:
                 c.error(f"resource {r!r} has more than one '/'", raw["resources"], i)
         if verbs:
             for i, v in enumerate(verbs):
                 if v not in RESOURCE_VERBS:
-                    c.error(f"unknown verb {v!r} (one of {', '.join(sorted(RESOURCE_VERBS))})",
-                            raw["verbs"], i)
+                    c.error(
+                        f"unknown verb {v!r} (one of {', '.join(sorted(RESOURCE_VERBS))})",
+                        raw["verbs"],
+                        i,
+                    )
                 elif owner and v not in OWNER_VERBS:
-                    c.error(f"'when: owner' has no meaning for verb {v!r} "
-                            "(deletecollection and watch cannot be filtered by owner)",
-                            raw["verbs"], i)
+                    c.error(
+                        f"'when: owner' has no meaning for verb {v!r} "
+                        "(deletecollection and watch cannot be filtered by owner)",
+                        raw["verbs"],
+                        i,
+                    )
     elif groups is not None or names is not None:
         c.error("'apiGroups'/'resourceNames' need 'resources'", raw)
     if names is not None:
         for i, n in enumerate(names):
             if not n or "*" in n:
-                c.error(f"resourceNames entry {n!r}: names are literal, '*' is not a wildcard",
-                        raw["resourceNames"], i)
+                c.error(
+                    f"resourceNames entry {n!r}: names are literal, '*' is not a wildcard",
+                    raw["resourceNames"],
+                    i,
+                )
     if urls is not None:
         if kind != CLUSTER_ROLE:
             c.error("'nonResourceURLs' are only allowed in a ClusterRole", raw, "nonResourceURLs")
@@ -374,19 +393,36 @@ def _parse_rule(
             c.error("'when: owner' has no meaning for nonResourceURLs", raw, "when")
         for i, u in enumerate(urls):
             if u != "*" and (not u.startswith("/") or "*" in u[:-1]):
-                c.error(f"nonResourceURL {u!r} must start with '/' and may only end in '*'",
-                        raw["nonResourceURLs"], i)
+                c.error(
+                    f"nonResourceURL {u!r} must start with '/' and may only end in '*'",
+                    raw["nonResourceURLs"],
+                    i,
+                )
         if verbs:
             for i, v in enumerate(verbs):
                 if v not in NON_RESOURCE_VERBS:
-                    c.error(f"unknown verb {v!r} for nonResourceURLs (one of "
-                            f"{', '.join(sorted(NON_RESOURCE_VERBS))})", raw["verbs"], i)
+                    c.error(
+                        f"unknown verb {v!r} for nonResourceURLs (one of "
+                        f"{', '.join(sorted(NON_RESOURCE_VERBS))})",
+                        raw["verbs"],
+                        i,
+                    )
     if len(c.problems) > before or not verbs:
         return []
     out = []
     if resources:
-        out.append(Rule(rule_id, verbs, groups or (), resources, names or (), (), owner,
-                        owner_field if isinstance(owner_field, str) else DEFAULT_OWNER_FIELD))
+        out.append(
+            Rule(
+                rule_id,
+                verbs,
+                groups or (),
+                resources,
+                names or (),
+                (),
+                owner,
+                owner_field if isinstance(owner_field, str) else DEFAULT_OWNER_FIELD,
+            )
+        )
     if urls:
         out.append(Rule(rule_id, verbs, non_resource_urls=urls))
     return out
@@ -430,16 +466,26 @@ def _role_ref(
     for key, own in (("tenant", tenant), ("namespace", namespace)):
         value = ref.get(key)
         if value is not None and value != own:
-            c.error(f"roleRef names a {kind} of another {key} ({value!r}); a binding can "
-                    f"only reference roles of its own {key}", ref, key)
+            c.error(
+                f"roleRef names a {kind} of another {key} ({value!r}); a binding can "
+                f"only reference roles of its own {key}",
+                ref,
+                key,
+            )
             return None
     key = role_key(str(kind), name, tenant, namespace)
     role = roles.get(key)
     if role is None:
-        where = {CLUSTER_ROLE: "", TENANT_ROLE: f" in tenant {tenant!r}",
-                 ROLE: f" in {tenant}/{namespace}"}[str(kind)]
-        c.error(f"roleRef: {kind} {name!r} does not exist{where}; the binding grants nothing",
-                ref, "name")
+        where = {
+            CLUSTER_ROLE: "",
+            TENANT_ROLE: f" in tenant {tenant!r}",
+            ROLE: f" in {tenant}/{namespace}",
+        }[str(kind)]
+        c.error(
+            f"roleRef: {kind} {name!r} does not exist{where}; the binding grants nothing",
+            ref,
+            "name",
+        )
         return None
     return role
 
@@ -448,8 +494,11 @@ def _subjects(c: _Checker, meta: tuple[str, str, str] | None) -> tuple[Subject, 
     body = c.doc.body
     raw = body.get("subjects")
     if not isinstance(raw, NodeList) or not raw:
-        c.error(f"{c.doc.kind} needs a non-empty 'subjects' list", body,
-                "subjects" if raw is not None else None)
+        c.error(
+            f"{c.doc.kind} needs a non-empty 'subjects' list",
+            body,
+            "subjects" if raw is not None else None,
+        )
         return None
     if meta is None:
         return None
@@ -469,14 +518,21 @@ def _subjects(c: _Checker, meta: tuple[str, str, str] | None) -> tuple[Subject, 
             c.error("a subject needs 'name'", s, "name")
             continue
         if kind == "User" and name == "*":
-            c.error("a User subject named '*' matches no one (there are no wildcard subjects)",
-                    s, "name")
+            c.error(
+                "a User subject named '*' matches no one (there are no wildcard subjects)",
+                s,
+                "name",
+            )
             continue
         sub_tenant = s.get("tenant")
         if kind == "Group" and name == AUTHENTICATED_GROUP:
             if sub_tenant is not None:
-                c.error(f"group {AUTHENTICATED_GROUP!r} takes no tenant: in a ClusterRoleBinding "
-                        "it matches every tenant, elsewhere the binding's own", s, "tenant")
+                c.error(
+                    f"group {AUTHENTICATED_GROUP!r} takes no tenant: in a ClusterRoleBinding "
+                    "it matches every tenant, elsewhere the binding's own",
+                    s,
+                    "tenant",
+                )
                 continue
             out.append(Subject("Group", name, "*" if cluster else tenant))
             continue
@@ -486,8 +542,12 @@ def _subjects(c: _Checker, meta: tuple[str, str, str] | None) -> tuple[Subject, 
             c.error(f"subject tenant {sub_tenant!r} is not a valid tenant name", s, "tenant")
             continue
         if not cluster and sub_tenant != tenant:
-            c.error(f"{c.doc.kind} in tenant {tenant!r} names a subject of tenant "
-                    f"{sub_tenant!r}; only ClusterRoleBindings grant across tenants", s, "tenant")
+            c.error(
+                f"{c.doc.kind} in tenant {tenant!r} names a subject of tenant "
+                f"{sub_tenant!r}; only ClusterRoleBindings grant across tenants",
+                s,
+                "tenant",
+            )
             continue
         if name.startswith("system:") and kind != "ServiceAccount" and sub_tenant != SYSTEM_TENANT:
             c.error(f"subject names starting with 'system:' are reserved ({name!r})", s, "name")
@@ -499,8 +559,11 @@ def _subjects(c: _Checker, meta: tuple[str, str, str] | None) -> tuple[Subject, 
         if kind == "ServiceAccount":
             sa_ns = sa_ns if sa_ns is not None else (namespace or "default")
             if not isinstance(sa_ns, str) or not is_dns1123_label(sa_ns):
-                c.error(f"ServiceAccount namespace {sa_ns!r} is not a valid namespace name",
-                        s, "namespace")
+                c.error(
+                    f"ServiceAccount namespace {sa_ns!r} is not a valid namespace name",
+                    s,
+                    "namespace",
+                )
                 continue
             out.append(Subject(kind, name, sub_tenant, sa_ns))
         else:

@@ -101,9 +101,7 @@ class Reloader:
         if self.config.enabled:
             loop = asyncio.get_running_loop()
             baseline = await loop.run_in_executor(None, fingerprint, self.store.paths)
-            watcher = (
-                self._poll(baseline) if self.config.poll_seconds > 0 else self._notify()
-            )
+            watcher = self._poll(baseline) if self.config.poll_seconds > 0 else self._notify()
             self._tasks.append(asyncio.create_task(watcher, name="policy-watch"))
         loop = asyncio.get_running_loop()
         try:
@@ -277,8 +275,9 @@ class Reloader:
         if store.last_error:
             # Problems name files and tenants: counted here, listed in the log (§9).
             count = len(store.last_error)
-            detail += f"; last change refused: {count} problem(s), policy reload failed " \
-                      "(see the log)"
+            detail += (
+                f"; last change refused: {count} problem(s), policy reload failed (see the log)"
+            )
         return True, detail
 
     # -- watchers --------------------------------------------------------------------

@@ -19,34 +19,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # (API group, plural)
-CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset({
-    ("", "tenants"),
-    ("", "nodes"),
-    ("", "persistentvolumes"),
-    ("", "componentstatuses"),
-    ("rbac.authorization.k8s.io", "clusterroles"),
-    ("rbac.authorization.k8s.io", "clusterrolebindings"),
-    ("storage.k8s.io", "storageclasses"),
-    ("storage.k8s.io", "csidrivers"),
-    ("storage.k8s.io", "csinodes"),
-    ("storage.k8s.io", "volumeattachments"),
-    ("scheduling.k8s.io", "priorityclasses"),
-    ("node.k8s.io", "runtimeclasses"),
-    ("networking.k8s.io", "ingressclasses"),
-    ("apiextensions.k8s.io", "customresourcedefinitions"),
-    ("apiregistration.k8s.io", "apiservices"),
-    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
-    ("certificates.k8s.io", "certificatesigningrequests"),
-})
+CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("", "tenants"),
+        ("", "nodes"),
+        ("", "persistentvolumes"),
+        ("", "componentstatuses"),
+        ("rbac.authorization.k8s.io", "clusterroles"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+        ("storage.k8s.io", "storageclasses"),
+        ("storage.k8s.io", "csidrivers"),
+        ("storage.k8s.io", "csinodes"),
+        ("storage.k8s.io", "volumeattachments"),
+        ("scheduling.k8s.io", "priorityclasses"),
+        ("node.k8s.io", "runtimeclasses"),
+        ("networking.k8s.io", "ingressclasses"),
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("apiregistration.k8s.io", "apiservices"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+        ("certificates.k8s.io", "certificatesigningrequests"),
+    }
+)
 
 # (API group, plural) of tenant-scoped resources: objects of one tenant, in no namespace.
-TENANT_SCOPED: frozenset[tuple[str, str]] = frozenset({
-    ("", "namespaces"),
-    ("baremetal", "allocations"),
-    ("rbac.authorization.k8s.io", "tenantroles"),
-    ("rbac.authorization.k8s.io", "tenantrolebindings"),
-})
+TENANT_SCOPED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("", "namespaces"),
+        ("baremetal", "allocations"),
+        ("rbac.authorization.k8s.io", "tenantroles"),
+        ("rbac.authorization.k8s.io", "tenantrolebindings"),
+    }
+)
 
 # (API group, plural) → owner field, known without any owner rule.
 DEFAULT_OWNER_FIELDS: dict[tuple[str, str], str] = {
@@ -75,12 +79,13 @@ def owner_rule_warning(groups: Sequence[str], resources: Sequence[str]) -> str:
             odd.append(res)
             continue
         groups_known = [g for g in groups if g != "*"] or [""]
-        if not any(is_cluster_scoped(g, base) or is_tenant_scoped(g, base)
-                   for g in groups_known):
+        if not any(is_cluster_scoped(g, base) or is_tenant_scoped(g, base) for g in groups_known):
             odd.append(res)
     if not odd:
         return ""
-    return (f"WARNING: 'when: owner' on {', '.join(repr(r) for r in odd)}, which may be "
-            "namespaced: owner rules reach cluster-scoped objects only, so this rule never "
-            "grants another tenant's objects (nor a list across tenants); it only filters "
-            "objects inside the binding's own tenant")
+    return (
+        f"WARNING: 'when: owner' on {', '.join(repr(r) for r in odd)}, which may be "
+        "namespaced: owner rules reach cluster-scoped objects only, so this rule never "
+        "grants another tenant's objects (nor a list across tenants); it only filters "
+        "objects inside the binding's own tenant"
+    )

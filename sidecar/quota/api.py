@@ -45,8 +45,9 @@ TenantCheck = Callable[[str], Awaitable[bool]]
 
 
 class QuotaService:
-    def __init__(self, ledger: Ledger, policy: Callable[[], QuotaPolicy],
-                 tenant_exists: TenantCheck) -> None:
+    def __init__(
+        self, ledger: Ledger, policy: Callable[[], QuotaPolicy], tenant_exists: TenantCheck
+    ) -> None:
         self.ledger = ledger
         self.policy = policy
         self.tenant_exists = tenant_exists
@@ -71,23 +72,28 @@ class QuotaService:
             file_limits, file_source = pol.tenant_limits(tenant)
         scope = namespace or TENANT_SCOPE
         hard, source = effective_limits(file_limits, file_source, usage.limits.get(scope, {}))
-        names = sorted(set(hard) | set(usage.used.get(scope, {}))
-                       | set(usage.in_progress.get(scope, {})))
+        names = sorted(
+            set(hard) | set(usage.used.get(scope, {})) | set(usage.in_progress.get(scope, {}))
+        )
         rows = []
         for res in names:
             used = usage.get_used(scope, res)
             inprog = usage.get_in_progress(scope, res)
             limit = hard.get(res)
             available = None if limit is None else limit - used - inprog
-            rows.append({
-                "resource": res,
-                "hard_limit": None if limit is None else format_units(res, limit),
-                "used": format_units(res, used),
-                "in_progress": format_units(res, inprog),
-                "available": None if available is None else format_units(res, max(available, 0)),
-                "overage": 0 if available is None else format_units(res, max(-available, 0)),
-                "source": source.get(res, "none"),
-            })
+            rows.append(
+                {
+                    "resource": res,
+                    "hard_limit": None if limit is None else format_units(res, limit),
+                    "used": format_units(res, used),
+                    "in_progress": format_units(res, inprog),
+                    "available": None
+                    if available is None
+                    else format_units(res, max(available, 0)),
+                    "overage": 0 if available is None else format_units(res, max(-available, 0)),
+                    "source": source.get(res, "none"),
+                }
+            )
         return {"tenant": tenant, "namespace": namespace or None, "quotas": rows}
 
     async def usage(self, tenant: str, namespace: str = "") -> dict[str, Any]:
@@ -95,17 +101,22 @@ class QuotaService:
 
         def scope_view(scope: str) -> dict[str, Any]:
             names = sorted(set(usage.used.get(scope, {})) | set(usage.in_progress.get(scope, {})))
-            return {r: {"used": format_units(r, usage.get_used(scope, r)),
-                        "in_progress": format_units(r, usage.get_in_progress(scope, r))}
-                    for r in names}
+            return {
+                r: {
+                    "used": format_units(r, usage.get_used(scope, r)),
+                    "in_progress": format_units(r, usage.get_in_progress(scope, r)),
+                }
+                for r in names
+            }
 
         out: dict[str, Any] = {"tenant": tenant, "namespace": namespace or None}
         if namespace:
             out["usage"] = scope_view(namespace)
         else:
             out["usage"] = scope_view(TENANT_SCOPE)
-            out["namespaces"] = {ns: scope_view(ns) for ns in sorted(
-                set(usage.used) | set(usage.in_progress)) if ns}
+            out["namespaces"] = {
+                ns: scope_view(ns) for ns in sorted(set(usage.used) | set(usage.in_progress)) if ns
+            }
         return out
 
     async def list(self) -> dict[str, Any]:
@@ -117,8 +128,7 @@ class QuotaService:
         tenants = sorted(known | set(pol.tenants) | {t for t, _ in pol.namespaces})
         return {"items": [await self.show(t) for t in tenants]}
 
-    async def update(self, tenant: str, namespace: str, resource: str,
-                     body: Any) -> dict[str, Any]:
+    async def update(self, tenant: str, namespace: str, resource: str, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or "hard_limit" not in body:
             raise bad_request('the body must be {"hard_limit": N} (null removes the API limit)')
         extra = set(body) - {"hard_limit"}
@@ -153,8 +163,9 @@ def upstream_tenant_check(rt: Runtime) -> TenantCheck:
             return True
         if status == 404:
             return False
-        raise StatusError(503, f"cannot tell whether tenant {tenant} exists: the backing "
-                          f"store answered {status}")
+        raise StatusError(
+            503, f"cannot tell whether tenant {tenant} exists: the backing store answered {status}"
+        )
 
     return exists
 
@@ -173,8 +184,14 @@ class QuotaApi:
     def _allowed(self, ctx: RequestContext, verb: str, tenant: str = "") -> bool:
         assert ctx.identity is not None
         target = RequestTarget(
-            path=ctx.request.path, verb=verb, resource_request=True, api_group=API_GROUP,
-            api_version="v1", scope=Scope.CLUSTER, resource="quotas", name=tenant,
+            path=ctx.request.path,
+            verb=verb,
+            resource_request=True,
+            api_group=API_GROUP,
+            api_version="v1",
+            scope=Scope.CLUSTER,
+            resource="quotas",
+            name=tenant,
         )
         decision = ctx.policy.engine.decide(ctx.identity, target)
         ctx.decision = decision
@@ -183,10 +200,13 @@ class QuotaApi:
     async def __call__(self, ctx: RequestContext) -> web.StreamResponse:
         identity = ctx.identity
         if identity is None:
-            raise StatusError(401, "authentication required",
-                              headers={"WWW-Authenticate": 'Bearer realm="sidecar"'})
+            raise StatusError(
+                401,
+                "authentication required",
+                headers={"WWW-Authenticate": 'Bearer realm="sidecar"'},
+            )
         path = ctx.request.path
-        rest = path[len(PREFIX):].strip("/")
+        rest = path[len(PREFIX) :].strip("/")
         parts = rest.split("/") if rest else []
         method = ctx.request.method
         if parts == ["defaults"]:
@@ -195,8 +215,10 @@ class QuotaApi:
         if parts == ["quotas"]:
             _method(method, "GET")
             if not self._allowed(ctx, "list"):
-                raise forbidden(f"user {identity.user!r} of tenant {identity.tenant!r} may not "
-                                "list quotas (quota.sidecar/quotas list)")
+                raise forbidden(
+                    f"user {identity.user!r} of tenant {identity.tenant!r} may not "
+                    "list quotas (quota.sidecar/quotas list)"
+                )
             return _json(await self.service.list())
         if len(parts) >= 2 and parts[0] == "tenants":
             tenant = parts[1]
@@ -218,8 +240,10 @@ class QuotaApi:
             if len(tail) == 1:
                 _method(method, "PUT")
                 if not self._allowed(ctx, "update", tenant):
-                    raise forbidden(f"user {identity.user!r} of tenant {identity.tenant!r} may "
-                                    "not update quotas (quota.sidecar/quotas update)")
+                    raise forbidden(
+                        f"user {identity.user!r} of tenant {identity.tenant!r} may "
+                        "not update quotas (quota.sidecar/quotas update)"
+                    )
                 body = await _read_json(ctx)
                 return _json(await self.service.update(tenant, namespace, tail[0], body))
         raise not_found("quota path", path)
@@ -233,8 +257,9 @@ class QuotaApi:
 
 def _method(method: str, allowed: str) -> None:
     if method != allowed and not (allowed == "GET" and method == "HEAD"):
-        raise StatusError(405, f"method {method} is not allowed here (use {allowed})",
-                          headers={"Allow": allowed})
+        raise StatusError(
+            405, f"method {method} is not allowed here (use {allowed})", headers={"Allow": allowed}
+        )
 
 
 async def _read_json(ctx: RequestContext) -> Any:

@@ -58,8 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("resource")
     p.add_argument("hard_limit", help="a number or quantity (8, 500m, 16Gi); 'none' removes it")
     p.add_argument("--namespace", default="")
-    p.add_argument("--force", action="store_true",
-                   help="do not check that the tenant exists in the backing store")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="do not check that the tenant exists in the backing store",
+    )
     p.set_defaults(func=lambda a: _run(a, _update))
 
     p = sub.add_parser("reconcile", help="recount usage from the backing store")
@@ -111,8 +114,11 @@ def _run(args: argparse.Namespace, op: Op) -> int:
         return 1
 
     async def main() -> Any:
-        ledger = open_ledger(config.ledger, config.quota.reservation_ttl_seconds,
-                             redis_prefix=config.quota.redis_prefix)
+        ledger = open_ledger(
+            config.ledger,
+            config.quota.reservation_ttl_seconds,
+            redis_prefix=config.quota.redis_prefix,
+        )
         env = Env(config, bundle.quotas, ledger)
         env.force = bool(getattr(args, "force", False))
         try:
@@ -146,31 +152,49 @@ def _cell(v: Any) -> str:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [headers] + [[_cell(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
 
 
-_SHOW_HEADERS = ["RESOURCE", "HARD_LIMIT", "USED", "IN_PROGRESS", "AVAILABLE", "OVERAGE",
-                 "SOURCE"]
+_SHOW_HEADERS = ["RESOURCE", "HARD_LIMIT", "USED", "IN_PROGRESS", "AVAILABLE", "OVERAGE", "SOURCE"]
 
 
 def _show_rows(data: dict[str, Any], with_tenant: bool = False) -> list[list[Any]]:
-    return [([data["tenant"]] if with_tenant else []) + [
-        q["resource"], q["hard_limit"], q["used"], q["in_progress"], q["available"],
-        q["overage"], q["source"]] for q in data["quotas"]]
+    return [
+        ([data["tenant"]] if with_tenant else [])
+        + [
+            q["resource"],
+            q["hard_limit"],
+            q["used"],
+            q["in_progress"],
+            q["available"],
+            q["overage"],
+            q["source"],
+        ]
+        for q in data["quotas"]
+    ]
 
 
 async def _defaults(args: argparse.Namespace, env: Env) -> int:
     data = env.service().defaults()
-    return _print(args, data, lambda d: _table(
-        ["RESOURCE", "HARD_LIMIT"], [[r, v] for r, v in d["hard"].items()]))
+    return _print(
+        args,
+        data,
+        lambda d: _table(["RESOURCE", "HARD_LIMIT"], [[r, v] for r, v in d["hard"].items()]),
+    )
 
 
 async def _list(args: argparse.Namespace, env: Env) -> int:
     data = await env.service().list()
-    return _print(args, data, lambda d: _table(
-        ["TENANT", *_SHOW_HEADERS],
-        [row for item in d["items"] for row in _show_rows(item, True)]))
+    return _print(
+        args,
+        data,
+        lambda d: _table(
+            ["TENANT", *_SHOW_HEADERS],
+            [row for item in d["items"] for row in _show_rows(item, True)],
+        ),
+    )
 
 
 async def _show(args: argparse.Namespace, env: Env) -> int:
@@ -182,8 +206,10 @@ async def _usage(args: argparse.Namespace, env: Env) -> int:
     data = await env.service().usage(args.tenant, args.namespace)
 
     def table(d: dict[str, Any]) -> str:
-        rows = [["(tenant)" if not args.namespace else args.namespace, r, v["used"],
-                 v["in_progress"]] for r, v in d["usage"].items()]
+        rows = [
+            ["(tenant)" if not args.namespace else args.namespace, r, v["used"], v["in_progress"]]
+            for r, v in d["usage"].items()
+        ]
         for ns, per in d.get("namespaces", {}).items():
             rows += [[ns, r, v["used"], v["in_progress"]] for r, v in per.items()]
         return _table(["SCOPE", "RESOURCE", "USED", "IN_PROGRESS"], rows)
@@ -197,8 +223,9 @@ async def _update(args: argparse.Namespace, env: Env) -> int:
         value = None
     elif value.lstrip("-").isdigit():
         value = int(value)
-    data = await env.service().update(args.tenant, args.namespace, args.resource,
-                                      {"hard_limit": value})
+    data = await env.service().update(
+        args.tenant, args.namespace, args.resource, {"hard_limit": value}
+    )
     return _print(args, data, lambda d: _table(_SHOW_HEADERS, _show_rows(d)))
 
 
@@ -215,9 +242,31 @@ async def _reconcile(args: argparse.Namespace, env: Env) -> int:
     except ReconcileError as exc:
         print(f"sidecar quota reconcile: {exc}", file=sys.stderr)
         return 1
-    data = {t: {"added": r.added, "removed": r.removed, "changed": r.changed,
-                "before": r.before, "after": r.after} for t, r in results.items()}
-    return _print(args, data, lambda d: _table(
-        ["TENANT", "ADDED", "REMOVED", "CHANGED", "USED_BEFORE", "USED_AFTER"],
-        [[t, v["added"], v["removed"], v["changed"], json.dumps(v["before"], sort_keys=True),
-          json.dumps(v["after"], sort_keys=True)] for t, v in d.items()]))
+    data = {
+        t: {
+            "added": r.added,
+            "removed": r.removed,
+            "changed": r.changed,
+            "before": r.before,
+            "after": r.after,
+        }
+        for t, r in results.items()
+    }
+    return _print(
+        args,
+        data,
+        lambda d: _table(
+            ["TENANT", "ADDED", "REMOVED", "CHANGED", "USED_BEFORE", "USED_AFTER"],
+            [
+                [
+                    t,
+                    v["added"],
+                    v["removed"],
+                    v["changed"],
+                    json.dumps(v["before"], sort_keys=True),
+                    json.dumps(v["after"], sort_keys=True),
+                ]
+                for t, v in d.items()
+            ],
+        ),
+    )

@@ -138,8 +138,7 @@ def new_reservation_id() -> str:
     return uuid.uuid4().hex
 
 
-def idempotency_claim(caller_tenant: str, key: str, method: str, path: str,
-                      body: bytes) -> Claim:
+def idempotency_claim(caller_tenant: str, key: str, method: str, path: str, body: bytes) -> Claim:
     """An `Idempotency-Key`, scoped to the caller's tenant, with the fingerprint of the
     request (method, path with query, body bytes) that used it."""
     name = hashlib.sha256(f"{caller_tenant}\0{key}".encode()).hexdigest()[:40]
@@ -210,8 +209,9 @@ class Ledger(abc.ABC):
         reservation is gone (expired)."""
 
     @abc.abstractmethod
-    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
-                            new_charge: Mapping[str, int]) -> None:
+    async def commit_change(
+        self, reservation: Reservation, obj: ObjectRef, new_charge: Mapping[str, int]
+    ) -> None:
         """The update succeeded: drop the reservation (and its claim) and record
         `new_charge` as the object's charge, `used` moving by the difference from its
         recorded charge. An object deleted since the reservation stays deleted."""
@@ -241,9 +241,7 @@ class Ledger(abc.ABC):
         """The tenant's counters after dropping expired reservations."""
 
     @abc.abstractmethod
-    async def set_limit(
-        self, tenant: str, namespace: str, resource: str, hard: int | None
-    ) -> None:
+    async def set_limit(self, tenant: str, namespace: str, resource: str, hard: int | None) -> None:
         """Set (or with None, remove) an API limit for the tenant or a namespace."""
 
     @abc.abstractmethod
@@ -271,8 +269,9 @@ class Ledger(abc.ABC):
     async def close(self) -> None: ...
 
 
-def open_ledger(url: str, ttl_seconds: float, clock: Clock | None = None,
-                redis_prefix: str = "sidecar:quota:") -> Ledger:
+def open_ledger(
+    url: str, ttl_seconds: float, clock: Clock | None = None, redis_prefix: str = "sidecar:quota:"
+) -> Ledger:
     """`sqlite:///path` (relative: `sqlite:///./x.db`) or `redis://host:port/db`."""
     if url.startswith("sqlite://"):
         from sidecar.quota.sqlite import SqliteLedger
@@ -286,5 +285,4 @@ def open_ledger(url: str, ttl_seconds: float, clock: Clock | None = None,
 
         return RedisLedger(url, ttl_seconds, clock, prefix=redis_prefix)
     scheme = url.partition(":")[0]  # never the rest: it may hold a password
-    raise ValueError(f"unknown ledger URL scheme {scheme!r} (expected sqlite:///path or "
-                     "redis://…)")
+    raise ValueError(f"unknown ledger URL scheme {scheme!r} (expected sqlite:///path or redis://…)")

@@ -43,9 +43,11 @@ def patch_kind(content_type: str | None) -> str:
     kind = PATCH_TYPES.get(content_type)
     if kind is None:
         raise StatusError(
-            415, f"PATCH of a quota-tracked resource takes a JSON merge patch "
+            415,
+            f"PATCH of a quota-tracked resource takes a JSON merge patch "
             f"(application/merge-patch+json) or a JSON patch (application/json-patch+json), "
-            f"not {content_type!r}")
+            f"not {content_type!r}",
+        )
     return kind
 
 
@@ -103,8 +105,9 @@ def apply_json_patch(doc: Any, ops: Any) -> Any:
             source = _pointer(op, "from", i)
             if name == "move":
                 if path[: len(source)] == source and len(path) > len(source):
-                    raise PatchError(400, f"JSON patch operation {i}: cannot move a value "
-                                     "into itself")
+                    raise PatchError(
+                        400, f"JSON patch operation {i}: cannot move a value into itself"
+                    )
                 doc, moved = _remove(doc, source, i)
             else:
                 moved = copy.deepcopy(_get(doc, source, i))
@@ -151,8 +154,9 @@ def _get(doc: Any, path: list[str], i: int) -> Any:
         else:
             node = _MISSING
         if node is _MISSING:
-            raise PatchError(422, f"JSON patch operation {i}: path /{'/'.join(path)} "
-                             "does not exist")
+            raise PatchError(
+                422, f"JSON patch operation {i}: path /{'/'.join(path)} does not exist"
+            )
     return node
 
 
@@ -177,8 +181,9 @@ def _remove(doc: Any, path: list[str], i: int) -> tuple[Any, Any]:
     token = path[-1]
     if isinstance(parent, dict):
         if token not in parent:
-            raise PatchError(422, f"JSON patch operation {i}: path /{'/'.join(path)} "
-                             "does not exist")
+            raise PatchError(
+                422, f"JSON patch operation {i}: path /{'/'.join(path)} does not exist"
+            )
         return doc, parent.pop(token)
     if isinstance(parent, list):
         return doc, parent.pop(_index(parent, token, i, adding=False))

@@ -112,20 +112,29 @@ def upstream_fetch(rt: Runtime) -> Fetch:
     return fetch
 
 
-async def reconcile_tenant(rt: Runtime, ledger: Ledger, tenant: str | None,
-                           log_errors: bool = False) -> dict[str, ReconcileResult]:
+async def reconcile_tenant(
+    rt: Runtime, ledger: Ledger, tenant: str | None, log_errors: bool = False
+) -> dict[str, ReconcileResult]:
     try:
         results = await reconcile(ledger, upstream_fetch(rt), tenant)
     except (ReconcileError, LedgerError, StatusError) as exc:
         if not log_errors:
             raise
-        log.warning("quota reconcile failed: %s",
-                    exc.detail if isinstance(exc, LedgerError) else exc)
+        log.warning(
+            "quota reconcile failed: %s", exc.detail if isinstance(exc, LedgerError) else exc
+        )
         return {}
     for t, r in results.items():
         if r.added or r.removed or r.changed:
-            log.info("quota reconcile %s: +%d -%d ~%d, used %s → %s",
-                     t, r.added, r.removed, r.changed, r.before, r.after)
+            log.info(
+                "quota reconcile %s: +%d -%d ~%d, used %s → %s",
+                t,
+                r.added,
+                r.removed,
+                r.changed,
+                r.before,
+                r.after,
+            )
     return results
 
 

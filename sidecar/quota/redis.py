@@ -101,7 +101,9 @@ local function check(ns, charge, tlimits, nlimits)
 end
 """
 
-_RESERVE = _COMMON + """
+_RESERVE = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local expires = tonumber(ARGV[2])
 local id, ns = ARGV[3], ARGV[4]
@@ -129,8 +131,11 @@ if claim ~= '' then redis.call('HSET', KEYS[8], claim, id) end
 apply(KEYS[2], ns, charge, 1)
 return {'ok', ''}
 """
+)
 
-_RESERVE_CHANGE = _COMMON + """
+_RESERVE_CHANGE = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local id, objkey = ARGV[2], ARGV[3]
 purge(now)
@@ -158,8 +163,11 @@ redis.call('HSET', KEYS[3], id, cjson.encode(r))
 apply(KEYS[2], r.ns, increase, 1)
 return {'ok', cjson.encode(increase)}
 """
+)
 
-_COMMIT_CHANGE = _COMMON + """
+_COMMIT_CHANGE = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local id, objkey, ns = ARGV[2], ARGV[3], ARGV[4]
 purge(now)
@@ -180,8 +188,11 @@ redis.call('HSET', KEYS[5], objkey, cjson.encode(o))
 apply(KEYS[1], ns, new, 1)
 return 1
 """
+)
 
-_COMMIT = _COMMON + """
+_COMMIT = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local id, objkey, ns = ARGV[2], ARGV[3], ARGV[4]
 local charge = cjson.decode(ARGV[5])
@@ -202,8 +213,11 @@ redis.call('ZREM', KEYS[7], objkey)
 apply(KEYS[1], ns, charge, 1)
 return 1
 """
+)
 
-_RELEASE = _COMMON + """
+_RELEASE = (
+    _COMMON
+    + """
 local raw = redis.call('HGET', KEYS[3], ARGV[1])
 if not raw then return 0 end
 local r = cjson.decode(raw)
@@ -211,8 +225,11 @@ if r.state ~= 'pending' then return 0 end
 drop(ARGV[1])
 return 1
 """
+)
 
-_DELETE = _COMMON + """
+_DELETE = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local objkey = ARGV[2]
 redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now - tonumber(ARGV[3]))
@@ -224,8 +241,11 @@ apply(KEYS[1], o.ns, o.charge, -1)
 redis.call('HDEL', KEYS[5], objkey)
 return cjson.encode(o.charge)
 """
+)
 
-_DELETE_SCOPE = _COMMON + """
+_DELETE_SCOPE = (
+    _COMMON
+    + """
 local now = tonumber(ARGV[1])
 local all = ARGV[2] == '1'
 local ns = ARGV[3]
@@ -252,12 +272,16 @@ else
 end
 return n
 """
+)
 
-_USAGE = _COMMON + """
+_USAGE = (
+    _COMMON
+    + """
 purge(tonumber(ARGV[1]))
 return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
         redis.call('HGETALL', KEYS[6])}
 """
+)
 
 _SET_LIMIT = """
 if ARGV[2] == '' then redis.call('HDEL', KEYS[6], ARGV[1])
@@ -265,7 +289,9 @@ else redis.call('HSET', KEYS[6], ARGV[1], ARGV[2]) end
 return 1
 """
 
-_RECONCILE = _COMMON + """
+_RECONCILE = (
+    _COMMON
+    + """
 local now, started = tonumber(ARGV[1]), tonumber(ARGV[2])
 local covered = {}
 for _, r in ipairs(cjson.decode(ARGV[3])) do covered[r] = true end
@@ -308,11 +334,18 @@ for i = 1, #objs, 2 do
 end
 return {added, removed, changed, before, redis.call('HGETALL', KEYS[1])}
 """
+)
 
 
 class RedisLedger(Ledger):
-    def __init__(self, url: str, ttl_seconds: float, clock: Clock | None = None,
-                 prefix: str = "sidecar:quota:", timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        ttl_seconds: float,
+        clock: Clock | None = None,
+        prefix: str = "sidecar:quota:",
+        timeout: float = 2.0,
+    ) -> None:
         super().__init__(ttl_seconds, clock)
         self.url = url
         self.prefix = prefix
@@ -333,8 +366,10 @@ class RedisLedger(Ledger):
 
     def keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}{{{tenant}}}:"
-        return [base + k for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb",
-                                   "claims")]
+        return [
+            base + k
+            for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb", "claims")
+        ]
 
     async def _call(self, script: Any, tenant: str, args: list[Any]) -> Any:
         try:
@@ -370,11 +405,21 @@ class RedisLedger(Ledger):
         now = self.clock()
         charge = {k: int(v) for k, v in charge.items() if v > 0}
         await self._index(tenant)
-        status, payload = await self._call(self._reserve, tenant, [
-            repr(now), repr(now + self.ttl), reservation_id, namespace,
-            _enc(charge), _enc(tenant_limits), _enc(namespace_limits),
-            claim.key if claim else "", claim.fingerprint if claim else "",
-        ])
+        status, payload = await self._call(
+            self._reserve,
+            tenant,
+            [
+                repr(now),
+                repr(now + self.ttl),
+                reservation_id,
+                namespace,
+                _enc(charge),
+                _enc(tenant_limits),
+                _enc(namespace_limits),
+                claim.key if claim else "",
+                claim.fingerprint if claim else "",
+            ],
+        )
         if status == "refused":
             raise _refusal(tenant, namespace, payload)
         if status == "conflict":
@@ -392,46 +437,86 @@ class RedisLedger(Ledger):
     ) -> Reservation:
         r = reservation
         new = {k: int(v) for k, v in new_charge.items() if v > 0}
-        status, payload = await self._call(self._reserve_change, r.tenant, [
-            repr(self.clock()), r.id, obj.key, _enc(new), _enc(base_charge),
-            _enc(tenant_limits), _enc(namespace_limits),
-        ])
+        status, payload = await self._call(
+            self._reserve_change,
+            r.tenant,
+            [
+                repr(self.clock()),
+                r.id,
+                obj.key,
+                _enc(new),
+                _enc(base_charge),
+                _enc(tenant_limits),
+                _enc(namespace_limits),
+            ],
+        )
         if status == "refused":
             raise _refusal(r.tenant, r.namespace, payload)
         if status == "gone":
             raise LedgerError("reservation expired")
         return dataclasses.replace(r, charge=_charge(json.loads(payload)))
 
-    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
-                            new_charge: Mapping[str, int]) -> None:
+    async def commit_change(
+        self, reservation: Reservation, obj: ObjectRef, new_charge: Mapping[str, int]
+    ) -> None:
         r = reservation
         new = {k: int(v) for k, v in new_charge.items() if v > 0}
-        await self._call(self._commit_change, r.tenant, [
-            repr(self.clock()), r.id, obj.key, obj.namespace, _enc(new), obj.resource,
-            repr(r.created),
-        ])
+        await self._call(
+            self._commit_change,
+            r.tenant,
+            [
+                repr(self.clock()),
+                r.id,
+                obj.key,
+                obj.namespace,
+                _enc(new),
+                obj.resource,
+                repr(r.created),
+            ],
+        )
 
     async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
         r = reservation
         obj = ObjectRef(r.tenant, r.namespace, resource, name)
-        result = await self._call(self._commit, r.tenant, [
-            repr(self.clock()), r.id, obj.key, r.namespace, _enc(r.charge), resource,
-        ])
+        result = await self._call(
+            self._commit,
+            r.tenant,
+            [
+                repr(self.clock()),
+                r.id,
+                obj.key,
+                r.namespace,
+                _enc(r.charge),
+                resource,
+            ],
+        )
         return bool(result)
 
     async def release(self, reservation: Reservation) -> None:
         await self._call(self._release, reservation.tenant, [reservation.id])
 
     async def delete(self, obj: ObjectRef) -> Charge | None:
-        raw = await self._call(self._delete, obj.tenant, [
-            repr(self.clock()), obj.key, repr(TOMBSTONE_SECONDS),
-        ])
+        raw = await self._call(
+            self._delete,
+            obj.tenant,
+            [
+                repr(self.clock()),
+                obj.key,
+                repr(TOMBSTONE_SECONDS),
+            ],
+        )
         return _charge(json.loads(raw)) if raw else None
 
     async def delete_scope(self, tenant: str, namespace: str | None) -> int:
-        n = await self._call(self._delete_scope, tenant, [
-            repr(self.clock()), "1" if namespace is None else "0", namespace or "",
-        ])
+        n = await self._call(
+            self._delete_scope,
+            tenant,
+            [
+                repr(self.clock()),
+                "1" if namespace is None else "0",
+                namespace or "",
+            ],
+        )
         return int(n)
 
     async def usage(self, tenant: str) -> Usage:
@@ -440,9 +525,14 @@ class RedisLedger(Ledger):
 
     async def set_limit(self, tenant: str, namespace: str, resource: str, hard: int | None) -> None:
         await self._index(tenant)
-        await self._call(self._set_limit, tenant, [
-            f"{namespace}|{resource}", "" if hard is None else str(int(hard)),
-        ])
+        await self._call(
+            self._set_limit,
+            tenant,
+            [
+                f"{namespace}|{resource}",
+                "" if hard is None else str(int(hard)),
+            ],
+        )
 
     async def tenants(self) -> list[str]:
         try:
@@ -461,16 +551,26 @@ class RedisLedger(Ledger):
         await self._index(tenant)
         listing = {
             o.key: {"ns": o.namespace, "res": o.resource, "charge": dict(ch)}
-            for o, ch in objects.items() if o.tenant == tenant
+            for o, ch in objects.items()
+            if o.tenant == tenant
         }
         added, removed, changed, before, after = await self._call(
-            self._reconcile, tenant, [
-                repr(self.clock()), repr(started_at), json.dumps(list(resources)),
+            self._reconcile,
+            tenant,
+            [
+                repr(self.clock()),
+                repr(started_at),
+                json.dumps(list(resources)),
                 json.dumps(listing) if listing else "{}",
-            ])
-        return ReconcileResult(int(added), int(removed), int(changed),
-                               _nest(before).get(TENANT_SCOPE, {}),
-                               _nest(after).get(TENANT_SCOPE, {}))
+            ],
+        )
+        return ReconcileResult(
+            int(added),
+            int(removed),
+            int(changed),
+            _nest(before).get(TENANT_SCOPE, {}),
+            _nest(after).get(TENANT_SCOPE, {}),
+        )
 
 
 def _error(exc: BaseException) -> LedgerError:
@@ -480,8 +580,7 @@ def _error(exc: BaseException) -> LedgerError:
 
 def _refusal(tenant: str, namespace: str, payload: str) -> QuotaExceeded:
     scope, res, n, used, inprog, hard = json.loads(payload)
-    return QuotaExceeded(scope, tenant, namespace, res, int(n), int(used), int(inprog),
-                         int(hard))
+    return QuotaExceeded(scope, tenant, namespace, res, int(n), int(used), int(inprog), int(hard))
 
 
 def _enc(mapping: Mapping[str, int]) -> str:

@@ -82,8 +82,9 @@ def parse_quotas(docs: Sequence[Document]) -> tuple[QuotaPolicy, list[Problem]]:
         if doc.kind == "TenantResourceQuota":
             if tenant in tenants:
                 problems.append(
-                    doc.problem(f"a second TenantResourceQuota for tenant {tenant!r}",
-                                meta, "tenant")
+                    doc.problem(
+                        f"a second TenantResourceQuota for tenant {tenant!r}", meta, "tenant"
+                    )
                 )
                 continue
             tenants[tenant] = hard
@@ -109,8 +110,9 @@ def _label(doc: Document, meta: Node, key: str, problems: list[Problem]) -> str 
     value = meta.get(key)
     if not isinstance(value, str) or not is_dns1123_label(value):
         problems.append(
-            doc.problem(f"{doc.kind} needs metadata.{key} (a DNS-1123 label), got {value!r}",
-                        meta, key)
+            doc.problem(
+                f"{doc.kind} needs metadata.{key} (a DNS-1123 label), got {value!r}", meta, key
+            )
         )
         return None
     return value

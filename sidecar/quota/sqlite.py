@@ -85,8 +85,13 @@ _CLAIM_INDEX = "CREATE INDEX IF NOT EXISTS reservations_claim ON reservations (t
 
 
 class SqliteLedger(Ledger):
-    def __init__(self, path: str, ttl_seconds: float, clock: Clock | None = None,
-                 busy_timeout_ms: int = 10000) -> None:
+    def __init__(
+        self,
+        path: str,
+        ttl_seconds: float,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = 10000,
+    ) -> None:
         super().__init__(ttl_seconds, clock)
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
@@ -108,19 +113,23 @@ class SqliteLedger(Ledger):
         except FileNotFoundError:
             if self._file_id is not None:
                 self._drop()  # never write on into an unlinked inode
-                raise LedgerError("ledger file missing",
-                                  f"sqlite ledger {self.path}: the file was deleted") from None
+                raise LedgerError(
+                    "ledger file missing", f"sqlite ledger {self.path}: the file was deleted"
+                ) from None
             st = None  # the first open creates it
         except OSError as exc:
-            raise LedgerError("ledger file not accessible",
-                              f"sqlite ledger {self.path}: {exc}") from None
+            raise LedgerError(
+                "ledger file not accessible", f"sqlite ledger {self.path}: {exc}"
+            ) from None
         if st is not None:
             if self._file_id is not None and (st.st_dev, st.st_ino) != self._file_id:
                 log.warning("sqlite ledger %s was replaced by another file; reopening", self.path)
                 self._drop()
             if not os.access(self.path, os.W_OK):
-                raise LedgerError("ledger file is read-only",
-                                  f"sqlite ledger {self.path}: the file is not writable")
+                raise LedgerError(
+                    "ledger file is read-only",
+                    f"sqlite ledger {self.path}: the file is not writable",
+                )
         if self._conn is None:
             self._conn = self._open(create=self._file_id is None)
             st = os.stat(self.path)
@@ -135,8 +144,13 @@ class SqliteLedger(Ledger):
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             # mode=rw after the first open: a deleted ledger is never silently recreated.
             uri = f"file:{quote(os.path.abspath(self.path))}?mode={'rwc' if create else 'rw'}"
-            conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_ms / 1000,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=self.busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -237,8 +251,9 @@ class SqliteLedger(Ledger):
             out.setdefault(scope, {})[res] = hard
         return out
 
-    def _apply_used(self, c: sqlite3.Connection, tenant: str, ns: str, charge: Mapping[str, int],
-                    sign: int) -> None:
+    def _apply_used(
+        self, c: sqlite3.Connection, tenant: str, ns: str, charge: Mapping[str, int], sign: int
+    ) -> None:
         scopes = [TENANT_SCOPE, ns] if ns else [TENANT_SCOPE]
         for scope in scopes:
             for res, n in charge.items():
@@ -251,16 +266,21 @@ class SqliteLedger(Ledger):
 
     # -- operations ---------------------------------------------------------------------
 
-    def _check(self, c: sqlite3.Connection, tenant: str, namespace: str,
-               charge: Mapping[str, int], tenant_limits: Mapping[str, int],
-               namespace_limits: Mapping[str, int]) -> QuotaExceeded | None:
+    def _check(
+        self,
+        c: sqlite3.Connection,
+        tenant: str,
+        namespace: str,
+        charge: Mapping[str, int],
+        tenant_limits: Mapping[str, int],
+        namespace_limits: Mapping[str, int],
+    ) -> QuotaExceeded | None:
         api = self._api_limits(c, tenant)
         used = self._used(c, tenant)
         inprog = self._in_progress(c, tenant)
         checks = [("tenant", TENANT_SCOPE, {**tenant_limits, **api.get(TENANT_SCOPE, {})})]
         if namespace:
-            checks.append(("namespace", namespace, {**namespace_limits,
-                                                    **api.get(namespace, {})}))
+            checks.append(("namespace", namespace, {**namespace_limits, **api.get(namespace, {})}))
         for kind, scope, limits in checks:
             for res, n in charge.items():
                 hard = limits.get(res)
@@ -308,8 +328,15 @@ class SqliteLedger(Ledger):
             c.execute(
                 "INSERT INTO reservations (id, tenant, namespace, charge, state, expires, claim, "
                 "fp) VALUES (?,?,?,?,'pending',?,?,?)",
-                (reservation_id, tenant, namespace, json.dumps(charge), expires,
-                 claim.key if claim else "", claim.fingerprint if claim else ""),
+                (
+                    reservation_id,
+                    tenant,
+                    namespace,
+                    json.dumps(charge),
+                    expires,
+                    claim.key if claim else "",
+                    claim.fingerprint if claim else "",
+                ),
             )
             return Reservation(reservation_id, tenant, namespace, dict(charge), now)
 
@@ -332,23 +359,30 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> Reservation | Exception:
             self._purge(c, r.tenant, now)
-            row = c.execute("SELECT state FROM reservations WHERE tenant=? AND id=?",
-                            (r.tenant, r.id)).fetchone()
+            row = c.execute(
+                "SELECT state FROM reservations WHERE tenant=? AND id=?", (r.tenant, r.id)
+            ).fetchone()
             if row is None or row[0] != "pending":
                 return LedgerError("reservation expired")
-            c.execute("UPDATE reservations SET charge='{}' WHERE tenant=? AND id=?",
-                      (r.tenant, r.id))
+            c.execute(
+                "UPDATE reservations SET charge='{}' WHERE tenant=? AND id=?", (r.tenant, r.id)
+            )
             recorded = c.execute(
                 "SELECT charge FROM objects WHERE tenant=? AND namespace=? AND resource=? "
-                "AND name=?", (obj.tenant, obj.namespace, obj.resource, obj.name)).fetchone()
+                "AND name=?",
+                (obj.tenant, obj.namespace, obj.resource, obj.name),
+            ).fetchone()
             base = json.loads(recorded[0]) if recorded else dict(base_charge)
             increase = {k: d for k, d in charge_delta(new_charge, base).items() if d > 0}
-            refusal = self._check(c, r.tenant, r.namespace, increase, tenant_limits,
-                                  namespace_limits)
+            refusal = self._check(
+                c, r.tenant, r.namespace, increase, tenant_limits, namespace_limits
+            )
             if refusal is not None:
                 return refusal
-            c.execute("UPDATE reservations SET charge=? WHERE tenant=? AND id=?",
-                      (json.dumps(increase), r.tenant, r.id))
+            c.execute(
+                "UPDATE reservations SET charge=? WHERE tenant=? AND id=?",
+                (json.dumps(increase), r.tenant, r.id),
+            )
             return dataclasses.replace(r, charge=increase)
 
         result = await self._run(fn)
@@ -356,8 +390,9 @@ class SqliteLedger(Ledger):
             raise result
         return result
 
-    async def commit_change(self, reservation: Reservation, obj: ObjectRef,
-                            new_charge: Mapping[str, int]) -> None:
+    async def commit_change(
+        self, reservation: Reservation, obj: ObjectRef, new_charge: Mapping[str, int]
+    ) -> None:
         now = self.clock()
         r = reservation
         new = {k: int(v) for k, v in new_charge.items() if v > 0}
@@ -366,18 +401,27 @@ class SqliteLedger(Ledger):
         def fn(c: sqlite3.Connection) -> None:
             self._purge(c, r.tenant, now)
             c.execute("DELETE FROM reservations WHERE tenant=? AND id=?", (r.tenant, r.id))
-            tomb = c.execute("SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
-                             "AND resource=? AND name=?", key).fetchone()
+            tomb = c.execute(
+                "SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
+                "AND resource=? AND name=?",
+                key,
+            ).fetchone()
             if tomb is not None and tomb[0] >= r.created:
                 return  # deleted while the update ran: its charge was returned already
-            recorded = c.execute("SELECT charge FROM objects WHERE tenant=? AND namespace=? "
-                                 "AND resource=? AND name=?", key).fetchone()
+            recorded = c.execute(
+                "SELECT charge FROM objects WHERE tenant=? AND namespace=? "
+                "AND resource=? AND name=?",
+                key,
+            ).fetchone()
             if recorded is None:
                 c.execute("INSERT INTO objects VALUES (?,?,?,?,?,?)", (*key, json.dumps(new), now))
                 delta = new
             else:
-                c.execute("UPDATE objects SET charge=? WHERE tenant=? AND namespace=? "
-                          "AND resource=? AND name=?", (json.dumps(new), *key))
+                c.execute(
+                    "UPDATE objects SET charge=? WHERE tenant=? AND namespace=? "
+                    "AND resource=? AND name=?",
+                    (json.dumps(new), *key),
+                )
                 delta = charge_delta(new, json.loads(recorded[0]))
             self._apply_used(c, obj.tenant, obj.namespace, delta, 1)
 
@@ -416,10 +460,12 @@ class SqliteLedger(Ledger):
 
     async def release(self, reservation: Reservation) -> None:
         r = reservation
-        await self._run(lambda c: c.execute(
-            "DELETE FROM reservations WHERE tenant=? AND id=? AND state='pending'",
-            (r.tenant, r.id),
-        ))
+        await self._run(
+            lambda c: c.execute(
+                "DELETE FROM reservations WHERE tenant=? AND id=? AND state='pending'",
+                (r.tenant, r.id),
+            )
+        )
 
     async def delete(self, obj: ObjectRef) -> Charge | None:
         now = self.clock()
@@ -428,15 +474,20 @@ class SqliteLedger(Ledger):
             key = (obj.tenant, obj.namespace, obj.resource, obj.name)
             row = c.execute(
                 "SELECT charge FROM objects WHERE tenant=? AND namespace=? AND resource=? "
-                "AND name=?", key).fetchone()
-            c.execute("DELETE FROM tombstones WHERE tenant=? AND at<?",
-                      (obj.tenant, now - TOMBSTONE_SECONDS))
+                "AND name=?",
+                key,
+            ).fetchone()
+            c.execute(
+                "DELETE FROM tombstones WHERE tenant=? AND at<?",
+                (obj.tenant, now - TOMBSTONE_SECONDS),
+            )
             c.execute("INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)", (*key, now))
             if row is None:
                 return None
             charge: Charge = json.loads(row[0])
-            c.execute("DELETE FROM objects WHERE tenant=? AND namespace=? AND resource=? "
-                      "AND name=?", key)
+            c.execute(
+                "DELETE FROM objects WHERE tenant=? AND namespace=? AND resource=? AND name=?", key
+            )
             self._apply_used(c, obj.tenant, obj.namespace, charge, -1)
             return charge
 
@@ -447,22 +498,27 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> int:
             if namespace is None:
-                rows = c.execute("SELECT namespace, resource, name FROM objects WHERE tenant=?",
-                                 (tenant,)).fetchall()
+                rows = c.execute(
+                    "SELECT namespace, resource, name FROM objects WHERE tenant=?", (tenant,)
+                ).fetchall()
                 for table in ("objects", "used", "limits"):
                     c.execute(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
             else:
                 rows = c.execute(
                     "SELECT namespace, resource, name, charge FROM objects "
-                    "WHERE tenant=? AND namespace=?", (tenant, namespace)).fetchall()
+                    "WHERE tenant=? AND namespace=?",
+                    (tenant, namespace),
+                ).fetchall()
                 for ns, _res, _name, raw in rows:
                     self._apply_used(c, tenant, ns, json.loads(raw), -1)
                 c.execute("DELETE FROM objects WHERE tenant=? AND namespace=?", (tenant, namespace))
                 c.execute("DELETE FROM used WHERE tenant=? AND scope=?", (tenant, namespace))
                 c.execute("DELETE FROM limits WHERE tenant=? AND scope=?", (tenant, namespace))
             for row in rows:
-                c.execute("INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
-                          (tenant, row[0], row[1], row[2], now))
+                c.execute(
+                    "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
+                    (tenant, row[0], row[1], row[2], now),
+                )
             return len(rows)
 
         return await self._run(fn)
@@ -472,19 +528,24 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> Usage:
             self._purge(c, tenant, now)
-            return Usage(self._used(c, tenant), self._in_progress(c, tenant),
-                         self._api_limits(c, tenant))
+            return Usage(
+                self._used(c, tenant), self._in_progress(c, tenant), self._api_limits(c, tenant)
+            )
 
         return await self._run(fn)
 
     async def set_limit(self, tenant: str, namespace: str, resource: str, hard: int | None) -> None:
         def fn(c: sqlite3.Connection) -> None:
             if hard is None:
-                c.execute("DELETE FROM limits WHERE tenant=? AND scope=? AND resource=?",
-                          (tenant, namespace, resource))
+                c.execute(
+                    "DELETE FROM limits WHERE tenant=? AND scope=? AND resource=?",
+                    (tenant, namespace, resource),
+                )
             else:
-                c.execute("INSERT OR REPLACE INTO limits VALUES (?,?,?,?)",
-                          (tenant, namespace, resource, int(hard)))
+                c.execute(
+                    "INSERT OR REPLACE INTO limits VALUES (?,?,?,?)",
+                    (tenant, namespace, resource, int(hard)),
+                )
 
         await self._run(fn)
 
@@ -492,7 +553,8 @@ class SqliteLedger(Ledger):
         def fn(c: sqlite3.Connection) -> list[str]:
             rows = c.execute(
                 "SELECT tenant FROM used UNION SELECT tenant FROM limits "
-                "UNION SELECT tenant FROM reservations ORDER BY 1").fetchall()
+                "UNION SELECT tenant FROM reservations ORDER BY 1"
+            ).fetchall()
             return [r[0] for r in rows]
 
         return await self._run(fn)
@@ -505,8 +567,11 @@ class SqliteLedger(Ledger):
         started_at: float,
     ) -> ReconcileResult:
         now = self.clock()
-        listing = {(o.namespace, o.resource, o.name): dict(ch) for o, ch in objects.items()
-                   if o.tenant == tenant}
+        listing = {
+            (o.namespace, o.resource, o.name): dict(ch)
+            for o, ch in objects.items()
+            if o.tenant == tenant
+        }
         covered = set(resources)
 
         def fn(c: sqlite3.Connection) -> ReconcileResult:
@@ -523,29 +588,41 @@ class SqliteLedger(Ledger):
                 key = (ns, res, name)
                 if key not in listing:
                     if at < started_at:
-                        c.execute("DELETE FROM objects WHERE tenant=? AND namespace=? "
-                                  "AND resource=? AND name=?", (tenant, *key))
+                        c.execute(
+                            "DELETE FROM objects WHERE tenant=? AND namespace=? "
+                            "AND resource=? AND name=?",
+                            (tenant, *key),
+                        )
                         removed += 1
                     continue
                 seen.add(key)
                 if json.loads(raw) != listing[key]:
-                    c.execute("UPDATE objects SET charge=? WHERE tenant=? AND namespace=? "
-                              "AND resource=? AND name=?", (json.dumps(listing[key]), tenant, *key))
+                    c.execute(
+                        "UPDATE objects SET charge=? WHERE tenant=? AND namespace=? "
+                        "AND resource=? AND name=?",
+                        (json.dumps(listing[key]), tenant, *key),
+                    )
                     changed += 1
             for key, charge in listing.items():
                 if key in seen:
                     continue
-                tomb = c.execute("SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
-                                 "AND resource=? AND name=?", (tenant, *key)).fetchone()
+                tomb = c.execute(
+                    "SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
+                    "AND resource=? AND name=?",
+                    (tenant, *key),
+                ).fetchone()
                 if tomb is not None and tomb[0] >= started_at:
                     continue
-                c.execute("INSERT INTO objects VALUES (?,?,?,?,?,?)",
-                          (tenant, *key, json.dumps(charge), started_at))
+                c.execute(
+                    "INSERT INTO objects VALUES (?,?,?,?,?,?)",
+                    (tenant, *key, json.dumps(charge), started_at),
+                )
                 added += 1
             c.execute("DELETE FROM tombstones WHERE tenant=? AND at<?", (tenant, started_at))
             c.execute("DELETE FROM used WHERE tenant=?", (tenant,))
-            for ns, raw in c.execute("SELECT namespace, charge FROM objects WHERE tenant=?",
-                                     (tenant,)).fetchall():
+            for ns, raw in c.execute(
+                "SELECT namespace, charge FROM objects WHERE tenant=?", (tenant,)
+            ).fetchall():
                 self._apply_used(c, tenant, ns, json.loads(raw), 1)
             after = self._used(c, tenant).get(TENANT_SCOPE, {})
             return ReconcileResult(added, removed, changed, before, after)

@@ -75,8 +75,11 @@ def ledger_for(rt: Runtime) -> Ledger:
     existing = rt.extras.get(LEDGER_KEY)
     if isinstance(existing, Ledger):
         return existing
-    ledger = open_ledger(rt.config.ledger, rt.config.quota.reservation_ttl_seconds,
-                         redis_prefix=rt.config.quota.redis_prefix)
+    ledger = open_ledger(
+        rt.config.ledger,
+        rt.config.quota.reservation_ttl_seconds,
+        redis_prefix=rt.config.quota.redis_prefix,
+    )
     rt.extras[LEDGER_KEY] = ledger
 
     async def ready() -> tuple[bool, str]:
@@ -104,8 +107,10 @@ def ledger_unavailable(exc: LedgerError, op: str, refused: str) -> StatusError:
 
 def quota_message(e: QuotaExceeded) -> str:
     where = f"tenant {e.tenant}" if e.scope == "tenant" else f"namespace {e.tenant}/{e.namespace}"
+
     def f(n: int) -> str:
         return str(format_units(e.resource, n))
+
     return (
         f"exceeded quota in {where}: {e.resource} requested {f(e.requested)}, "
         f"used {f(e.used)}, in progress {f(e.in_progress)}, limit {f(e.limit)}"
@@ -208,8 +213,11 @@ class QuotaStage:
         ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
         rid = new_reservation_id()
         try:
-            reservation = await self._guarded(lambda: self.ledger.reserve(
-                tenant, namespace, charge, tenant_limits, ns_limits, rid, claim))
+            reservation = await self._guarded(
+                lambda: self.ledger.reserve(
+                    tenant, namespace, charge, tenant_limits, ns_limits, rid, claim
+                )
+            )
         except QuotaExceeded as exc:
             self._refused(ctx, exc)
             # Dry-run: forward anyway; a 2xx still charges `used` (commit needs no
@@ -217,14 +225,21 @@ class QuotaStage:
             reservation = Reservation(rid, tenant, namespace, charge)
         except ClaimConflict as exc:
             if exc.in_flight:
-                raise StatusError(409, "a request with this Idempotency-Key is still in "
-                                  "progress; retry after it has completed") from None
-            raise StatusError(422, "this Idempotency-Key was already used for a different "
-                              "request (another path or body)") from None
+                raise StatusError(
+                    409,
+                    "a request with this Idempotency-Key is still in "
+                    "progress; retry after it has completed",
+                ) from None
+            raise StatusError(
+                422,
+                "this Idempotency-Key was already used for a different "
+                "request (another path or body)",
+            ) from None
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("reserve").inc()
-            raise ledger_unavailable(exc, "reserve",
-                                     f"creates of {tracked.resource} are refused") from None
+            raise ledger_unavailable(
+                exc, "reserve", f"creates of {tracked.resource} are refused"
+            ) from None
         else:
             ctx.audit.setdefault("quota", "reserved")
         self._dirty.add(tenant)
@@ -249,6 +264,7 @@ class QuotaStage:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+
             def release_late(t: asyncio.Future[Reservation]) -> None:
                 if not t.cancelled() and t.exception() is None:
                     self._spawn(self._release(t.result()))
@@ -305,11 +321,15 @@ class QuotaStage:
         lock: Reservation | None = None
         ledger_down: LedgerError | None = None
         try:
-            lock = await self._guarded(lambda: self.ledger.reserve(
-                tenant, namespace, {}, {}, {}, new_reservation_id(), object_claim(obj)))
+            lock = await self._guarded(
+                lambda: self.ledger.reserve(
+                    tenant, namespace, {}, {}, {}, new_reservation_id(), object_claim(obj)
+                )
+            )
         except ClaimConflict:
-            raise StatusError(409, f'another update of {tracked.resource} "{target.name}" is '
-                              "in progress; retry") from None
+            raise StatusError(
+                409, f'another update of {tracked.resource} "{target.name}" is in progress; retry'
+            ) from None
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("reserve").inc()
             ledger_down = exc
@@ -325,8 +345,11 @@ class QuotaStage:
             if lock is None:
                 assert ledger_down is not None
                 if raises:
-                    raise ledger_unavailable(ledger_down, "reserve", "updates that raise the "
-                                             f"charge of {tracked.resource} are refused")
+                    raise ledger_unavailable(
+                        ledger_down,
+                        "reserve",
+                        f"updates that raise the charge of {tracked.resource} are refused",
+                    )
                 log.warning("quota ledger failed on update: %s", ledger_down.detail)
                 ctx.audit["quota"] = "unrecorded"
                 return await call_next(ctx)
@@ -334,14 +357,16 @@ class QuotaStage:
             tenant_limits, _ = quotas.tenant_limits(tenant)
             ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
             try:
-                lock = await self.ledger.reserve_change(lock, obj, new_charge, base,
-                                                        tenant_limits, ns_limits)
+                lock = await self.ledger.reserve_change(
+                    lock, obj, new_charge, base, tenant_limits, ns_limits
+                )
             except QuotaExceeded as exc:
                 self._refused(ctx, exc)
             except LedgerError as exc:
                 self.metrics.ledger_errors.labels("reserve").inc()
-                raise ledger_unavailable(exc, "reserve", f"updates of {tracked.resource} "
-                                         "are refused") from None
+                raise ledger_unavailable(
+                    exc, "reserve", f"updates of {tracked.resource} are refused"
+                ) from None
             else:
                 ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
             self._dirty.add(tenant)
@@ -356,28 +381,35 @@ class QuotaStage:
             if lock is not None and not done:
                 await self._release_shielded(lock)
 
-    async def _fresh(self, ctx: RequestContext, target: RequestTarget,
-                     tracked: Tracked) -> dict[str, Any]:
+    async def _fresh(
+        self, ctx: RequestContext, target: RequestTarget, tracked: Tracked
+    ) -> dict[str, Any]:
         """The object as the store has it now (never a cached copy)."""
         status, current = await self.rt.upstream.get_json(
-            ctx.request.rel_url.raw_path, ctx.identity, request_id=ctx.request_id)
+            ctx.request.rel_url.raw_path, ctx.identity, request_id=ctx.request_id
+        )
         if status == 404:
             raise not_found(tracked.resource, target.name)
         if status != 200 or not isinstance(current, dict):
             code = status if 400 <= status < 500 else 502
-            raise StatusError(code, f"reading {tracked.resource} \"{target.name}\" before the "
-                              f"update failed: the backing store answered {status}")
+            raise StatusError(
+                code,
+                f'reading {tracked.resource} "{target.name}" before the '
+                f"update failed: the backing store answered {status}",
+            )
         return current
 
-    async def _commit_change(self, reservation: Reservation, obj: ObjectRef,
-                             charge: Charge) -> None:
+    async def _commit_change(
+        self, reservation: Reservation, obj: ObjectRef, charge: Charge
+    ) -> None:
         try:
             await self.ledger.commit_change(reservation, obj, charge)
         except LedgerError as exc:
             # The object changed; the claim expires and reconcile recounts the object.
             self.metrics.ledger_errors.labels("commit").inc()
-            log.warning("quota commit of the update of %s/%s failed: %s", obj.resource,
-                        obj.name, exc.detail)
+            log.warning(
+                "quota commit of the update of %s/%s failed: %s", obj.resource, obj.name, exc.detail
+            )
 
     # -- deletes ------------------------------------------------------------------------
 
@@ -386,12 +418,18 @@ class QuotaStage:
             if target.verb == "delete":
                 if target.scope == Scope.CLUSTER and target.resource == "tenants":
                     await self.ledger.delete_scope(target.name, None)
-                elif (target.scope == Scope.TENANT and target.resource == "namespaces"
-                      and target.tenant):
+                elif (
+                    target.scope == Scope.TENANT
+                    and target.resource == "namespaces"
+                    and target.tenant
+                ):
                     await self.ledger.delete_scope(target.tenant, target.name)
                 elif _tracked_item(target) and target.tenant:
-                    await self.ledger.delete(ObjectRef(
-                        target.tenant, target.namespace or "", target.resource, target.name))
+                    await self.ledger.delete(
+                        ObjectRef(
+                            target.tenant, target.namespace or "", target.resource, target.name
+                        )
+                    )
                 else:
                     return
                 self._dirty.add(target.tenant or target.name)
@@ -401,8 +439,7 @@ class QuotaStage:
                 self._spawn(reconcile_tenant(self.rt, self.ledger, target.tenant, log_errors=True))
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("delete").inc()
-            log.warning("quota delete bookkeeping failed (reconcile corrects it): %s",
-                        exc.detail)
+            log.warning("quota delete bookkeeping failed (reconcile corrects it): %s", exc.detail)
 
     # -- gauges -------------------------------------------------------------------------
 
@@ -476,11 +513,13 @@ def _idempotency(ctx: RequestContext) -> Claim | None:
         return None
     key = keys[0].strip()
     if len(keys) > 1 or not key or len(key) > MAX_IDEMPOTENCY_KEY:
-        raise bad_request(f"Idempotency-Key must be one header of 1 to {MAX_IDEMPOTENCY_KEY} "
-                          "characters")
+        raise bad_request(
+            f"Idempotency-Key must be one header of 1 to {MAX_IDEMPOTENCY_KEY} characters"
+        )
     request = ctx.request
-    return idempotency_claim(ctx.identity.tenant, key, request.method, request.raw_path,
-                             ctx.body or b"")
+    return idempotency_claim(
+        ctx.identity.tenant, key, request.method, request.raw_path, ctx.body or b""
+    )
 
 
 def _tracked_create(target: RequestTarget) -> Tracked | None:

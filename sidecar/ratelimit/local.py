@@ -192,4 +192,3 @@ def _state(bucket: Bucket, allowed: bool) -> Verdict:
         tier="local",
         window=spec.burst / spec.rate,
     )
-

@@ -140,7 +140,8 @@ def parse_rate_limits(docs: Sequence[Document]) -> tuple[RateLimitPolicy, list[P
         selector, limits = parsed
         if selector in seen:
             what = (
-                'the default (tenant "*")' if selector == DEFAULT_SELECTOR
+                'the default (tenant "*")'
+                if selector == DEFAULT_SELECTOR
                 else f"tenant {selector!r}"
             )
             problems.append(
@@ -189,7 +190,7 @@ def _parse_doc(doc: Document, problems: list[Problem]) -> tuple[str, TenantLimit
     ):
         problems.append(
             doc.problem(
-                f"spec.tenant must be \"*\" or a tenant name (a DNS-1123 label), not {selector!r}",
+                f'spec.tenant must be "*" or a tenant name (a DNS-1123 label), not {selector!r}',
                 spec,
                 "tenant",
             )
@@ -262,8 +263,9 @@ def _parse_rate(
         ok = False
     elif not _is_number(rate):
         problems.append(
-            doc.problem(f"{where}.rate must be a number of requests per second, not {rate!r}",
-                        node, "rate")
+            doc.problem(
+                f"{where}.rate must be a number of requests per second, not {rate!r}", node, "rate"
+            )
         )
         ok = False
     elif rate <= 0 or not math.isfinite(rate):
@@ -274,8 +276,9 @@ def _parse_rate(
         ok = False
     elif not _is_number(burst):
         problems.append(
-            doc.problem(f"{where}.burst must be a whole number of requests, not {burst!r}",
-                        node, "burst")
+            doc.problem(
+                f"{where}.burst must be a whole number of requests, not {burst!r}", node, "burst"
+            )
         )
         ok = False
     elif not math.isfinite(burst) or burst < 1:

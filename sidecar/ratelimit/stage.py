@@ -41,7 +41,11 @@ from sidecar.runtime import Runtime
 
 EXTRAS_KEY = "ratelimit"
 LOCAL, GLOBAL, INFLIGHT, WATCHES, ANONYMOUS = (
-    "local", "global", "inflight", "watches", "anonymous"
+    "local",
+    "global",
+    "inflight",
+    "watches",
+    "anonymous",
 )
 ALLOWED, LIMITED, WOULD_LIMIT = "allowed", "limited", "would_limit"
 
@@ -107,8 +111,7 @@ def bucket_specs(limits: TenantLimits, user: str, verb: str) -> list[tuple[str, 
 
 def slot_verdict(cap: int) -> Verdict:
     """The headers of a slot refusal for a tenant without a bucket: no slot left."""
-    return Verdict(allowed=False, limit=cap, remaining=0, reset=1, retry_after=1,
-                   tier="local")
+    return Verdict(allowed=False, limit=cap, remaining=0, reset=1, retry_after=1, tier="local")
 
 
 def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusError:

@@ -155,8 +155,11 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 def response_bytes(status: int, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-    lines = [f"HTTP/1.1 {status} X", f"Content-Length: {len(body)}",
-             "Content-Type: application/json"]
+    lines = [
+        f"HTTP/1.1 {status} X",
+        f"Content-Length: {len(body)}",
+        "Content-Type: application/json",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
@@ -198,8 +201,9 @@ class RawUpstream:
             self._loop = loop
 
             async def boot() -> None:
-                self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
-                                                          limit=_MAX_LINE)
+                self._server = await asyncio.start_server(
+                    self._serve, "127.0.0.1", 0, limit=_MAX_LINE
+                )
                 self.port = self._server.sockets[0].getsockname()[1]
 
             loop.run_until_complete(boot())
@@ -267,7 +271,10 @@ class RawUpstream:
 
 
 async def exchange(
-    port: int, data: bytes, count: int, wait: float = 10.0,
+    port: int,
+    data: bytes,
+    count: int,
+    wait: float = 10.0,
     head: tuple[bool, ...] = (),
 ) -> tuple[list[Message], bool]:
     """Send `data` on one new connection, read up to `count` answers (fewer if the
@@ -280,8 +287,9 @@ async def exchange(
         await writer.drain()
         async with asyncio.timeout(wait):
             while len(answers) < count:
-                msg = await read_message(reader, request=False,
-                                         head=head[len(answers)] if head else False)
+                msg = await read_message(
+                    reader, request=False, head=head[len(answers)] if head else False
+                )
                 if msg is None:
                     closed = True
                     break
@@ -299,7 +307,10 @@ async def exchange(
 
 
 def request_bytes(
-    method: str, target: str, headers: list[tuple[str, str]], body: bytes | None = None,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes | None = None,
     chunks: list[int] | None = None,
 ) -> bytes:
     """A request as raw bytes: Content-Length framing, or chunked split at `chunks`."""
@@ -332,8 +343,9 @@ ADMIN_TOKEN = "admin-token"
 ALICE_TOKEN = "alice-token"
 
 
-def sidecar_config(tmp: Any, upstream_url: str, policies: str | None = None,
-                   **extra: Any) -> dict[str, Any]:
+def sidecar_config(
+    tmp: Any, upstream_url: str, policies: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """A sidecar config for the framing tests: admin (system) and alice (acme) tokens,
     the allow-admin test policy unless `policies` is given, no reload."""
     from pathlib import Path
@@ -341,11 +353,18 @@ def sidecar_config(tmp: Any, upstream_url: str, policies: str | None = None,
     from tests import harness
 
     root = Path(__file__).resolve().parent.parent
-    tokens = harness.write_tokens(tmp, [
-        {"token": ADMIN_TOKEN, "user": "admin", "tenant": "system", "groups": ["ops"]},
-        {"token": ALICE_TOKEN, "user": "alice", "tenant": "acme",
-         "groups": ["tenant-admins", "node-owners"]},
-    ])
+    tokens = harness.write_tokens(
+        tmp,
+        [
+            {"token": ADMIN_TOKEN, "user": "admin", "tenant": "system", "groups": ["ops"]},
+            {
+                "token": ALICE_TOKEN,
+                "user": "alice",
+                "tenant": "acme",
+                "groups": ["tenant-admins", "node-owners"],
+            },
+        ],
+    )
     config: dict[str, Any] = {
         "upstream": upstream_url,
         "policies": policies or str(root / "fixtures" / "allow_admin"),

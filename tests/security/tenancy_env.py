@@ -44,16 +44,29 @@ class Recorder:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((request.method, request.raw_path))
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() in ("content-type", "x-remote-user", "x-remote-tenant",
-                                    "x-remote-group", "authorization")}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower()
+            in (
+                "content-type",
+                "x-remote-user",
+                "x-remote-tenant",
+                "x-remote-group",
+                "authorization",
+            )
+        }
         target = URL(self.store_url + request.raw_path, encoded=True)
         async with aiohttp.ClientSession(auto_decompress=False) as http:
-            async with http.request(request.method, target, data=body or None,
-                                    headers=headers) as resp:
+            async with http.request(
+                request.method, target, data=body or None, headers=headers
+            ) as resp:
                 data = await resp.read()
-                return web.Response(status=resp.status, body=data, headers={
-                    "Content-Type": resp.headers.get("Content-Type", "application/json")})
+                return web.Response(
+                    status=resp.status,
+                    body=data,
+                    headers={"Content-Type": resp.headers.get("Content-Type", "application/json")},
+                )
 
 
 @dataclass
@@ -62,8 +75,14 @@ class Env:
     recorder: Recorder
     http: aiohttp.ClientSession
 
-    async def call(self, token: str, method: str, path: str, body: Any = None,
-                   content_type: str = "application/json") -> tuple[int, Any]:
+    async def call(
+        self,
+        token: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         """One request with `path` sent exactly as written (no normalisation)."""
         headers = {"Authorization": f"Bearer {token}"}
         data = None
@@ -83,8 +102,9 @@ class Env:
 
 
 @asynccontextmanager
-async def running(tmp: Path, policies: Path = SHIPPED_POLICIES,
-                  **config: Any) -> AsyncIterator[Env]:
+async def running(
+    tmp: Path, policies: Path = SHIPPED_POLICIES, **config: Any
+) -> AsyncIterator[Env]:
     """The store, the recorder in front of it, and the sidecar pointed at the recorder."""
     store = harness.start_store(tmp)
     recorder = Recorder(store.url)
@@ -123,17 +143,22 @@ async def _start_sidecar(tmp: Path, settings: dict[str, Any]) -> harness.Proc:
     return await asyncio.to_thread(harness.start_sidecar, tmp, settings)
 
 
-async def seed(env: Env, nodes: dict[str, str | None], tenants: tuple[str, ...] = ("acme", "beta"),
-               ) -> None:
+async def seed(
+    env: Env,
+    nodes: dict[str, str | None],
+    tenants: tuple[str, ...] = ("acme", "beta"),
+) -> None:
     """Create tenants and nodes (name → owner, None for an unowned node) as the admin."""
     for tenant in tenants:
-        status, body = await env.call("admin", "POST", "/api/v1/tenants",
-                                      {"metadata": {"name": tenant}})
+        status, body = await env.call(
+            "admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+        )
         assert status == 201, body
     for name, owner in nodes.items():
         spec: dict[str, Any] = {"resource_class": "gpu"}
         if owner:
             spec["owner"] = owner
-        status, body = await env.call("admin", "POST", "/api/v1/nodes",
-                                      {"metadata": {"name": name}, "spec": spec})
+        status, body = await env.call(
+            "admin", "POST", "/api/v1/nodes", {"metadata": {"name": name}, "spec": spec}
+        )
         assert status == 201, body

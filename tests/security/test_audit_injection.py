@@ -25,8 +25,9 @@ SEPARATORS = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\
 RAW_SAFE = ["\x85", "\u2028", "\u2029"]
 
 
-async def raw_request(port: int, request_id: str, target: bytes,
-                      headers: list[tuple[bytes, bytes]] = ()) -> int:  # type: ignore[assignment]
+async def raw_request(
+    port: int, request_id: str, target: bytes, headers: list[tuple[bytes, bytes]] = ()
+) -> int:  # type: ignore[assignment]
     """Send one request with `target` and header values as raw bytes; the status."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -90,29 +91,53 @@ async def test_every_record_is_one_line(tmp_path: Path) -> None:
             raw = sep.encode("utf-8")
             # Raw UTF-8 in the front proxy's user, group and tenant headers.
             i = rid()
-            sent[i] = await raw_request(port, i, b"/api/v1/namespaces/default/configmaps", [
-                (b"X-Remote-User", b"eve" + raw + b"{\"user\":\"admin\"}"),
-                (b"X-Remote-Group", b"g" + raw + b"x"),
-                (b"X-Remote-Tenant", b"acme"),
-            ])
+            sent[i] = await raw_request(
+                port,
+                i,
+                b"/api/v1/namespaces/default/configmaps",
+                [
+                    (b"X-Remote-User", b"eve" + raw + b'{"user":"admin"}'),
+                    (b"X-Remote-Group", b"g" + raw + b"x"),
+                    (b"X-Remote-Tenant", b"acme"),
+                ],
+            )
             i = rid()
-            sent[i] = await raw_request(port, i, b"/api/v1/namespaces/default/configmaps", [
-                (b"X-Remote-User", b"eve"),
-                (b"X-Remote-Group", b"g" + raw + b"x"),
-                (b"X-Remote-Tenant", b"ac" + raw + b"me"),
-            ])
+            sent[i] = await raw_request(
+                port,
+                i,
+                b"/api/v1/namespaces/default/configmaps",
+                [
+                    (b"X-Remote-User", b"eve"),
+                    (b"X-Remote-Group", b"g" + raw + b"x"),
+                    (b"X-Remote-Tenant", b"ac" + raw + b"me"),
+                ],
+            )
         for sep in SEPARATORS:
             # Percent-encoded in the path, and inside JWT claims (any character).
             i = rid()
             sent[i] = await raw_request(
-                port, i, b"/api/v1/namespaces/default/configmaps/a%" +
-                f"{ord(sep):02X}".encode() + b"b?x=%E2%80%A8",
-                [(b"Authorization", b"Bearer acme-admin")])
-            token = hs256({"sub": f"mallory{sep}x", "tenant": "acme",
-                           "groups": [f"g{sep}1", "users"], "exp": int(time.time()) + 600})
+                port,
+                i,
+                b"/api/v1/namespaces/default/configmaps/a%"
+                + f"{ord(sep):02X}".encode()
+                + b"b?x=%E2%80%A8",
+                [(b"Authorization", b"Bearer acme-admin")],
+            )
+            token = hs256(
+                {
+                    "sub": f"mallory{sep}x",
+                    "tenant": "acme",
+                    "groups": [f"g{sep}1", "users"],
+                    "exp": int(time.time()) + 600,
+                }
+            )
             i = rid()
-            sent[i] = await raw_request(port, i, b"/api/v1/namespaces/default/configmaps",
-                                        [(b"Authorization", f"Bearer {token}".encode())])
+            sent[i] = await raw_request(
+                port,
+                i,
+                b"/api/v1/namespaces/default/configmaps",
+                [(b"Authorization", f"Bearer {token}".encode())],
+            )
 
         assert all(status < 500 for status in sent.values()), sent
         records = await wait_for_records(audit, set(sent))
@@ -129,8 +154,12 @@ def test_encoder_escapes_every_line_separator() -> None:
     from sidecar.audit import encode
 
     for sep in [*SEPARATORS, "\n", "\ud800", "\x00"]:
-        record = {"user": f"a{sep}b", "path": f"/x{sep}", "reason": sep,
-                  "extra": {f"k{sep}": [sep]}}
+        record = {
+            "user": f"a{sep}b",
+            "path": f"/x{sep}",
+            "reason": sep,
+            "extra": {f"k{sep}": [sep]},
+        }
         line = encode(record)
         assert line.endswith("\n") and len(line.splitlines()) == 1, repr(sep)
         assert json.loads(line) == record

@@ -48,14 +48,22 @@ def gzip_bodies() -> list[bytes]:
 
 @pytest.mark.parametrize("which", [0, 1], ids=["shrinks", "grows"])
 async def test_gzip_body_is_forwarded_compressed_with_its_own_length(
-    which: int, stack: tuple[RawUpstream, harness.Proc],
+    which: int,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     compressed = gzip_bodies()[which]
-    attack = request_bytes("PUT", CONFIGMAP, [
-        AUTH, ("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
-        ("X-Request-Id", "attack-1"),
-    ], compressed)
+    attack = request_bytes(
+        "PUT",
+        CONFIGMAP,
+        [
+            AUTH,
+            ("Content-Type", "application/json"),
+            ("Content-Encoding", "gzip"),
+            ("X-Request-Id", "attack-1"),
+        ],
+        compressed,
+    )
     answers, _ = await exchange(proc.port, attack, 1)
     assert [a.status for a in answers] == [200]
     # Another client's request on the (pooled) upstream connection arrives intact.
@@ -78,13 +86,15 @@ async def test_gzip_body_is_forwarded_compressed_with_its_own_length(
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate"])
 async def test_compressed_chunked_body_is_not_decompressed(
-    coding: str, stack: tuple[RawUpstream, harness.Proc],
+    coding: str,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     plain = b'{"data":"' + b"z" * 50000 + b'"}'
     body = gzip.compress(plain) if coding == "gzip" else zlib.compress(plain)
-    raw = request_bytes("POST", CONFIGMAP, [AUTH, ("Content-Encoding", coding)], body,
-                        chunks=[7, 100, 101])
+    raw = request_bytes(
+        "POST", CONFIGMAP, [AUTH, ("Content-Encoding", coding)], body, chunks=[7, 100, 101]
+    )
     answers, _ = await exchange(proc.port, raw, 1)
     assert [a.status for a in answers] == [200]
     received, errors = upstream.snapshot()
@@ -94,19 +104,36 @@ async def test_compressed_chunked_body_is_not_decompressed(
     assert received[0].header("Content-Encoding") == coding
 
 
-@pytest.mark.parametrize("named", [
-    "Content-Length", "content-encoding", "Content-Type", "Transfer-Encoding", "Host",
-    "Authorization", "keep-alive, Content-Encoding", "X-Foo,  CONTENT-LENGTH ",
-])
+@pytest.mark.parametrize(
+    "named",
+    [
+        "Content-Length",
+        "content-encoding",
+        "Content-Type",
+        "Transfer-Encoding",
+        "Host",
+        "Authorization",
+        "keep-alive, Content-Encoding",
+        "X-Foo,  CONTENT-LENGTH ",
+    ],
+)
 async def test_connection_may_not_name_framing_or_identity_headers(
-    named: str, stack: tuple[RawUpstream, harness.Proc],
+    named: str,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     body = gzip.compress(b'{"a": 1}' * 100)
-    raw = request_bytes("PUT", CONFIGMAP, [
-        AUTH, ("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
-        ("Connection", named),
-    ], body)
+    raw = request_bytes(
+        "PUT",
+        CONFIGMAP,
+        [
+            AUTH,
+            ("Content-Type", "application/json"),
+            ("Content-Encoding", "gzip"),
+            ("Connection", named),
+        ],
+        body,
+    )
     answers, _ = await exchange(proc.port, raw, 1)
     assert len(answers) == 1
     answer = answers[0]
@@ -121,8 +148,11 @@ async def test_hop_by_hop_names_in_connection_are_still_dropped(
     stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
-    raw = request_bytes("GET", CONFIGMAP, [AUTH, ("Connection", "keep-alive, X-Drop"),
-                                           ("X-Drop", "1"), ("X-Keep", "2")])
+    raw = request_bytes(
+        "GET",
+        CONFIGMAP,
+        [AUTH, ("Connection", "keep-alive, X-Drop"), ("X-Drop", "1"), ("X-Keep", "2")],
+    )
     answers, _ = await exchange(proc.port, raw, 1)
     assert [a.status for a in answers] == [200]
     received, _ = upstream.snapshot()

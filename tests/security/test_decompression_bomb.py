@@ -88,7 +88,9 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.mark.parametrize("authenticated", [False, True], ids=["anonymous", "authenticated"])
 async def test_gzip_bomb_does_not_stall_other_clients(
-    authenticated: bool, bomb: bytes, stack: tuple[RawUpstream, harness.Proc],
+    authenticated: bool,
+    bomb: bytes,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     headers = [("Content-Type", "application/json"), ("Content-Encoding", "gzip")]

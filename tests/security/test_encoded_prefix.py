@@ -45,19 +45,23 @@ ATTACKS = [
 
 
 @pytest.mark.parametrize("token", ["acme-admin", "acme-dev"])
-async def test_encoded_separators_are_400_and_never_forwarded(
-    tmp_path: Path, token: str
-) -> None:
+async def test_encoded_separators_are_400_and_never_forwarded(tmp_path: Path, token: str) -> None:
     async with running(tmp_path) as env:
         await seed(env, {})
         for ns_tenant in ("acme", "beta"):
-            status, body = await env.call("admin", "POST",
-                                          f"/api/v1/tenants/{ns_tenant}/namespaces",
-                                          {"metadata": {"name": "dev"}})
+            status, body = await env.call(
+                "admin",
+                "POST",
+                f"/api/v1/tenants/{ns_tenant}/namespaces",
+                {"metadata": {"name": "dev"}},
+            )
             assert status == 201, body
             status, body = await env.call(
-                "admin", "POST", f"/api/v1/tenants/{ns_tenant}/namespaces/dev/secrets",
-                {"metadata": {"name": f"{ns_tenant}-secret"}, "data": {"k": "czNjcjN0"}})
+                "admin",
+                "POST",
+                f"/api/v1/tenants/{ns_tenant}/namespaces/dev/secrets",
+                {"metadata": {"name": f"{ns_tenant}-secret"}, "data": {"k": "czNjcjN0"}},
+            )
             assert status == 201, body
         before = len(env.recorder.seen)
         for path in ATTACKS:
@@ -79,7 +83,8 @@ async def test_legitimate_paths_still_pass(tmp_path: Path) -> None:
             status, _ = await env.call("acme-dev", "GET", path)
             assert status != 400, path
         status, body = await env.call(
-            "acme-admin", "GET", "/api/v1/tenants/acme/namespaces/dev/configmaps/a%2Fb")
+            "acme-admin", "GET", "/api/v1/tenants/acme/namespaces/dev/configmaps/a%2Fb"
+        )
         assert status == 404 and body["kind"] == "Status", body
         status, body = await env.call("acme-dev", "GET", "/api/v1%252Fsecrets")
         assert status != 400 or "separator" not in str(body)

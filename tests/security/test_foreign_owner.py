@@ -28,42 +28,65 @@ JSON_PATCH = "application/json-patch+json"
 async def _nodes_free(env: Env) -> dict[str, object]:
     status, body = await env.call("admin", "GET", "/api/v1/nodes")
     assert status == 200, body
-    return {i["metadata"]["name"]: (i.get("status") or {}).get("allocation")
-            for i in body["items"]}
+    return {i["metadata"]["name"]: (i.get("status") or {}).get("allocation") for i in body["items"]}
 
 
 async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path) -> None:
     async with running(tmp_path) as env:
         await seed(env, {"acme-n1": "acme", "beta-n1": "beta"})
         for owner in ("beta", "nosuch", "system"):
-            status, body = await env.call("acme-admin", "POST", ACME, {
-                "metadata": {"name": f"grab-{owner}"},
-                "spec": {"resource_class": "gpu", "owner": owner}})
+            status, body = await env.call(
+                "acme-admin",
+                "POST",
+                ACME,
+                {
+                    "metadata": {"name": f"grab-{owner}"},
+                    "spec": {"resource_class": "gpu", "owner": owner},
+                },
+            )
             assert status == 403, body
             assert body["kind"] == "Status" and "owner" in body["message"]
             assert "no free node" not in body["message"]
             assert (await env.call("admin", "GET", f"{ACME}/grab-{owner}"))[0] == 404
         assert (await _nodes_free(env))["beta-n1"] is None
         # Non-string owners are refused as well, never stored.
-        status, body = await env.call("acme-admin", "POST", ACME, {
-            "metadata": {"name": "grab-obj"}, "spec": {"resource_class": "gpu",
-                                                       "owner": {"name": "beta"}}})
+        status, body = await env.call(
+            "acme-admin",
+            "POST",
+            ACME,
+            {
+                "metadata": {"name": "grab-obj"},
+                "spec": {"resource_class": "gpu", "owner": {"name": "beta"}},
+            },
+        )
         assert status == 403, body
         # An empty owner becomes the caller's tenant: acme's node is allocated.
-        status, body = await env.call("acme-admin", "POST", ACME, {
-            "metadata": {"name": "mine"}, "spec": {"resource_class": "gpu"}})
+        status, body = await env.call(
+            "acme-admin",
+            "POST",
+            ACME,
+            {"metadata": {"name": "mine"}, "spec": {"resource_class": "gpu"}},
+        )
         assert status == 201, body
         assert body["spec"]["owner"] == "acme" and body["status"]["node"] == "acme-n1"
-        status, body = await env.call("acme-admin", "POST", ACME, {
-            "metadata": {"name": "mine2"}, "spec": {"resource_class": "gpu", "owner": ""}})
+        status, body = await env.call(
+            "acme-admin",
+            "POST",
+            ACME,
+            {"metadata": {"name": "mine2"}, "spec": {"resource_class": "gpu", "owner": ""}},
+        )
         assert status == 201 and body["spec"]["owner"] == "acme", body
 
 
 async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path: Path) -> None:
     async with running(tmp_path) as env:
         await seed(env, {"acme-n1": "acme"})
-        status, body = await env.call("acme-admin", "POST", ACME, {
-            "metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}})
+        status, body = await env.call(
+            "acme-admin",
+            "POST",
+            ACME,
+            {"metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}},
+        )
         assert status == 201, body
         status, current = await env.call("acme-admin", "GET", f"{ACME}/a1")
         assert status == 200
@@ -72,8 +95,7 @@ async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path:
             ("PATCH", {"spec": {"owner": "beta"}}, "application/strategic-merge-patch+json"),
             ("PATCH", [{"op": "replace", "path": "/spec/owner", "value": "beta"}], JSON_PATCH),
             ("PATCH", [{"op": "add", "path": "/spec", "value": {"owner": "beta"}}], JSON_PATCH),
-            ("PUT", {**current, "spec": {**current["spec"], "owner": "beta"}},
-             "application/json"),
+            ("PUT", {**current, "spec": {**current["spec"], "owner": "beta"}}, "application/json"),
         ]
         for method, patch, ctype in refused:
             status, body = await env.call("acme-admin", method, f"{ACME}/a1", patch, ctype)
@@ -82,71 +104,87 @@ async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path:
         status, body = await env.call("admin", "GET", f"{ACME}/a1")
         assert body["spec"]["owner"] == "acme"
         # Keeping the owner, or not touching it, is fine.
-        status, body = await env.call("acme-admin", "PATCH", f"{ACME}/a1",
-                                      {"metadata": {"labels": {"x": "y"}}}, MERGE)
+        status, body = await env.call(
+            "acme-admin", "PATCH", f"{ACME}/a1", {"metadata": {"labels": {"x": "y"}}}, MERGE
+        )
         assert status == 200, body
 
 
 async def test_cluster_admin_may_set_any_owner(tmp_path: Path) -> None:
     async with running(tmp_path) as env:
         await seed(env, {"acme-n1": "acme", "beta-n1": "beta"})
-        status, body = await env.call("admin", "POST", ACME, {
-            "metadata": {"name": "for-beta"}, "spec": {"resource_class": "gpu",
-                                                       "owner": "beta"}})
+        status, body = await env.call(
+            "admin",
+            "POST",
+            ACME,
+            {"metadata": {"name": "for-beta"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
+        )
         assert status == 201 and body["status"]["node"] == "beta-n1", body
-        status, body = await env.call("admin", "PATCH", f"{ACME}/for-beta",
-                                      {"spec": {"owner": "acme"}}, MERGE)
+        status, body = await env.call(
+            "admin", "PATCH", f"{ACME}/for-beta", {"spec": {"owner": "acme"}}, MERGE
+        )
         assert status == 200 and body["spec"]["owner"] == "acme", body
-        status, body = await env.call("admin", "PATCH", "/api/v1/nodes/acme-n1",
-                                      {"spec": {"owner": "beta"}}, MERGE)
+        status, body = await env.call(
+            "admin", "PATCH", "/api/v1/nodes/acme-n1", {"spec": {"owner": "beta"}}, MERGE
+        )
         assert status == 200 and body["spec"]["owner"] == "beta", body
 
 
 async def test_node_owner_cannot_push_its_node_to_another_tenant(tmp_path: Path) -> None:
     async with running(tmp_path) as env:
         await seed(env, {"acme-n1": "acme"})
-        for patch, ctype in (({"spec": {"owner": "beta"}}, MERGE),
-                             ([{"op": "replace", "path": "/spec/owner", "value": "beta"}],
-                              JSON_PATCH)):
-            status, body = await env.call("acme-owner", "PATCH", "/api/v1/nodes/acme-n1",
-                                          patch, ctype)
+        for patch, ctype in (
+            ({"spec": {"owner": "beta"}}, MERGE),
+            ([{"op": "replace", "path": "/spec/owner", "value": "beta"}], JSON_PATCH),
+        ):
+            status, body = await env.call(
+                "acme-owner", "PATCH", "/api/v1/nodes/acme-n1", patch, ctype
+            )
             assert status == 403, body
         status, node = await env.call("acme-owner", "GET", "/api/v1/nodes/acme-n1")
         assert status == 200
-        status, body = await env.call("acme-owner", "PUT", "/api/v1/nodes/acme-n1",
-                                      {**node, "spec": {**node["spec"], "owner": "beta"}})
+        status, body = await env.call(
+            "acme-owner",
+            "PUT",
+            "/api/v1/nodes/acme-n1",
+            {**node, "spec": {**node["spec"], "owner": "beta"}},
+        )
         assert status == 403, body
-        assert (await env.call("admin", "GET", "/api/v1/nodes/acme-n1"))[1]["spec"]["owner"] \
-            == "acme"
+        assert (await env.call("admin", "GET", "/api/v1/nodes/acme-n1"))[1]["spec"][
+            "owner"
+        ] == "acme"
 
 
-@pytest.mark.parametrize(("doc", "verb", "kind", "result"), [
-    ({"spec": {}}, "create", "", {"spec": {"owner": "acme"}}),
-    ({"spec": {"owner": None}}, "update", "", {"spec": {"owner": "acme"}}),
-    ({"spec": {"owner": ""}}, "create", "", {"spec": {"owner": "acme"}}),
-    ({}, "create", "", {"spec": {"owner": "acme"}}),
-    ({"spec": {"owner": "acme"}}, "update", "", {"spec": {"owner": "acme"}}),
-    ({"spec": {"owner": "beta"}}, "create", "", 403),
-    ({"spec": {"owner": "Acme"}}, "create", "", 403),
-    ({"spec": {"owner": ["acme"]}}, "create", "", 403),
-    ({"spec": "beta"}, "create", "", 403),
-    ({"spec": {"x": 1}}, "patch", "merge", {"spec": {"x": 1}}),
-    ({"spec": {"owner": None}}, "patch", "merge", 403),
-    ({"spec": None}, "patch", "merge", 403),
-    ({"spec": {"owner": "beta"}}, "patch", "merge", 403),
-    ([{"op": "replace", "path": "/spec/x", "value": 1}], "patch", "json", "same"),
-    ([{"op": "test", "path": "/spec/owner", "value": "beta"}], "patch", "json", "same"),
-    ([{"op": "replace", "path": "/spec/owner", "value": "acme"}], "patch", "json", "same"),
-    ([{"op": "replace", "path": "/spec/owner", "value": "beta"}], "patch", "json", 403),
-    ([{"op": "remove", "path": "/spec/owner"}], "patch", "json", 403),
-    ([{"op": "replace", "path": "/spec", "value": {"owner": "beta"}}], "patch", "json", 403),
-    ([{"op": "replace", "path": "", "value": {}}], "patch", "json", 403),
-    ([{"op": "copy", "from": "/metadata/x", "path": "/spec/owner"}], "patch", "json", 403),
-    ([{"op": "move", "from": "/spec/owner", "path": "/spec/x"}], "patch", "json", 403),
-    ({"spec": {}}, "patch", "json", 400),
-    ([1], "patch", "json", 400),
-    ([], "create", "", 400),
-])
+@pytest.mark.parametrize(
+    ("doc", "verb", "kind", "result"),
+    [
+        ({"spec": {}}, "create", "", {"spec": {"owner": "acme"}}),
+        ({"spec": {"owner": None}}, "update", "", {"spec": {"owner": "acme"}}),
+        ({"spec": {"owner": ""}}, "create", "", {"spec": {"owner": "acme"}}),
+        ({}, "create", "", {"spec": {"owner": "acme"}}),
+        ({"spec": {"owner": "acme"}}, "update", "", {"spec": {"owner": "acme"}}),
+        ({"spec": {"owner": "beta"}}, "create", "", 403),
+        ({"spec": {"owner": "Acme"}}, "create", "", 403),
+        ({"spec": {"owner": ["acme"]}}, "create", "", 403),
+        ({"spec": "beta"}, "create", "", 403),
+        ({"spec": {"x": 1}}, "patch", "merge", {"spec": {"x": 1}}),
+        ({"spec": {"owner": None}}, "patch", "merge", 403),
+        ({"spec": None}, "patch", "merge", 403),
+        ({"spec": {"owner": "beta"}}, "patch", "merge", 403),
+        ([{"op": "replace", "path": "/spec/x", "value": 1}], "patch", "json", "same"),
+        ([{"op": "test", "path": "/spec/owner", "value": "beta"}], "patch", "json", "same"),
+        ([{"op": "replace", "path": "/spec/owner", "value": "acme"}], "patch", "json", "same"),
+        ([{"op": "replace", "path": "/spec/owner", "value": "beta"}], "patch", "json", 403),
+        ([{"op": "remove", "path": "/spec/owner"}], "patch", "json", 403),
+        ([{"op": "replace", "path": "/spec", "value": {"owner": "beta"}}], "patch", "json", 403),
+        ([{"op": "replace", "path": "", "value": {}}], "patch", "json", 403),
+        ([{"op": "copy", "from": "/metadata/x", "path": "/spec/owner"}], "patch", "json", 403),
+        ([{"op": "move", "from": "/spec/owner", "path": "/spec/x"}], "patch", "json", 403),
+        ({"spec": {}}, "patch", "json", 400),
+        ([1], "patch", "json", 400),
+        ([], "create", "", 400),
+    ],
+)
 def test_owner_body_rule(doc: Any, verb: str, kind: str, result: Any) -> None:
     """The one body rule (`enforce_owner`) behind every owner-carrying write that a
     cluster-wide grant did not allow."""

@@ -36,8 +36,12 @@ async def test_one_key_never_creates_more_than_the_limit(
     async with quota_env(tmp_path, url, **extra) as env:
         statuses = []
         for i in range(15):
-            status, _ = await env.send("POST", SERVERS, {"metadata": {"name": f"s{i}"}},
-                                       headers={"Idempotency-Key": "one-key"})
+            status, _ = await env.send(
+                "POST",
+                SERVERS,
+                {"metadata": {"name": f"s{i}"}},
+                headers={"Idempotency-Key": "one-key"},
+            )
             statuses.append(status)
         stored = await env.stored(SERVERS)
         assert len(stored["items"]) <= 10, statuses
@@ -48,8 +52,9 @@ async def test_one_key_never_creates_more_than_the_limit(
 
         # A retry of the very same create is never charged twice (the store already
         # has the object: AlreadyExists, nothing committed).
-        status, _ = await env.send("POST", SERVERS, {"metadata": {"name": "s0"}},
-                                   headers={"Idempotency-Key": "one-key"})
+        status, _ = await env.send(
+            "POST", SERVERS, {"metadata": {"name": "s0"}}, headers={"Idempotency-Key": "one-key"}
+        )
         assert status == 409
         assert await env.usage("servers") == (1, 0)
 
@@ -66,8 +71,12 @@ async def test_retries_of_one_create_stay_within_the_limit(
             status, body = await env.send("POST", SERVERS, {"metadata": {"name": f"f{i}"}})
             assert status == 201, body
         for _ in range(4):
-            status, body = await env.send("POST", SERVERS, {"metadata": {"name": "again"}},
-                                          headers={"Idempotency-Key": "retry"})
+            status, body = await env.send(
+                "POST",
+                SERVERS,
+                {"metadata": {"name": "again"}},
+                headers={"Idempotency-Key": "retry"},
+            )
             assert status == 201, body
             assert await env.usage("servers") == (10, 0)
             status, _ = await env.send("DELETE", SERVERS + "/again")
@@ -75,8 +84,9 @@ async def test_retries_of_one_create_stay_within_the_limit(
         # Full up, the key does not help a create past the limit.
         status, _ = await env.send("POST", SERVERS, {"metadata": {"name": "f9"}})
         assert status == 201
-        status, body = await env.send("POST", SERVERS, {"metadata": {"name": "again"}},
-                                      headers={"Idempotency-Key": "retry"})
+        status, body = await env.send(
+            "POST", SERVERS, {"metadata": {"name": "again"}}, headers={"Idempotency-Key": "retry"}
+        )
         assert status == 403 and body["reason"] == "QuotaExceeded", body
         assert len((await env.stored(SERVERS))["items"]) == 10
 
@@ -87,12 +97,14 @@ async def test_key_reused_on_another_path_is_422(
 ) -> None:
     url, extra = ledger_for_kind(kind, tmp_path, request)
     async with quota_env(tmp_path, url, **extra) as env:
-        status, _ = await env.send("POST", CONFIGMAPS, {"metadata": {"name": "cfg"}},
-                                   headers={"Idempotency-Key": "k"})
+        status, _ = await env.send(
+            "POST", CONFIGMAPS, {"metadata": {"name": "cfg"}}, headers={"Idempotency-Key": "k"}
+        )
         assert status == 201
         for i in range(3):
-            status, body = await env.send("POST", SERVERS, {"metadata": {"name": f"s{i}"}},
-                                          headers={"Idempotency-Key": "k"})
+            status, body = await env.send(
+                "POST", SERVERS, {"metadata": {"name": f"s{i}"}}, headers={"Idempotency-Key": "k"}
+            )
             assert status == 422 and body["kind"] == "Status", body
         assert (await env.stored(SERVERS))["items"] == []
         assert await env.usage("servers") == (0, 0)
@@ -104,12 +116,12 @@ async def test_key_reused_with_another_body_is_422(
 ) -> None:
     url, extra = ledger_for_kind(kind, tmp_path, request)
     async with quota_env(tmp_path, url, **extra) as env:
-        status, _ = await env.send("POST", PODS, pod("small", cpu="1m"),
-                                   headers={"Idempotency-Key": "k"})
+        status, _ = await env.send(
+            "POST", PODS, pod("small", cpu="1m"), headers={"Idempotency-Key": "k"}
+        )
         assert status == 201
         for body in (pod("small", cpu="500"), pod("big", cpu="500")):
-            status, answer = await env.send("POST", PODS, body,
-                                            headers={"Idempotency-Key": "k"})
+            status, answer = await env.send("POST", PODS, body, headers={"Idempotency-Key": "k"})
             assert status == 422, answer
         assert [p["metadata"]["name"] for p in (await env.stored(PODS))["items"]] == ["small"]
         assert await env.usage("requests.cpu") == ("1m", "0")
@@ -125,14 +137,15 @@ async def test_concurrent_same_key_one_proceeds_the_other_409(
     relay = TestServer(gate.app(), host="127.0.0.1")
     await relay.start_server()
     try:
-        async with quota_env(tmp_path, url, upstream=str(relay.make_url("")).rstrip("/"),
-                             store=store, **extra) as env:
+        async with quota_env(
+            tmp_path, url, upstream=str(relay.make_url("")).rstrip("/"), store=store, **extra
+        ) as env:
             body = {"metadata": {"name": "one"}}
-            first = asyncio.create_task(env.send("POST", SERVERS, body,
-                                                 headers={"Idempotency-Key": "k"}))
+            first = asyncio.create_task(
+                env.send("POST", SERVERS, body, headers={"Idempotency-Key": "k"})
+            )
             await asyncio.wait_for(gate.held.wait(), 10)
-            status, answer = await env.send("POST", SERVERS, body,
-                                            headers={"Idempotency-Key": "k"})
+            status, answer = await env.send("POST", SERVERS, body, headers={"Idempotency-Key": "k"})
             assert status == 409 and answer["reason"] == "Conflict", answer
             assert await env.usage("servers") == (0, 1)
             gate.open.set()

@@ -18,8 +18,9 @@ from tests import harness
 GOOD_TOKEN = {"token": "t-alice", "user": "alice", "tenant": "acme", "groups": []}
 
 
-def serve(tmp: Path, identity: dict[str, Any], workers: int = 1
-          ) -> subprocess.CompletedProcess[str]:
+def serve(
+    tmp: Path, identity: dict[str, Any], workers: int = 1
+) -> subprocess.CompletedProcess[str]:
     config = {
         "workers": workers,
         "listen": f"127.0.0.1:{harness.free_port()}",
@@ -32,7 +33,10 @@ def serve(tmp: Path, identity: dict[str, Any], workers: int = 1
     path = harness.write_config(tmp, config)
     return subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)],
-        cwd=harness.ROOT, capture_output=True, text=True, timeout=60,
+        cwd=harness.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -44,41 +48,66 @@ def write(tmp: Path, name: str, text: str) -> str:
 
 CASES: dict[str, tuple[Any, str]] = {
     # name: (identity config, built from tmp; text the one line must contain)
-    "missing token file": (lambda t: {"tokenFile": str(t / "nope.yaml")},
-                           "identity.tokenFile"),
+    "missing token file": (lambda t: {"tokenFile": str(t / "nope.yaml")}, "identity.tokenFile"),
     "bad tenant in token file": (
-        lambda t: {"tokenFile": write(t, "tokens.yaml", yaml.safe_dump(
-            [GOOD_TOKEN, {**GOOD_TOKEN, "token": "t-x", "tenant": "Not_A_Tenant"}]))},
-        "Not_A_Tenant"),
-    "token file not YAML": (lambda t: {"tokenFile": write(t, "tokens.yaml", "- {token: [\n")},
-                            "identity.tokenFile"),
-    "token file not a list": (lambda t: {"tokenFile": write(t, "tokens.yaml", "a: 1\n")},
-                              "identity.tokenFile"),
+        lambda t: {
+            "tokenFile": write(
+                t,
+                "tokens.yaml",
+                yaml.safe_dump(
+                    [GOOD_TOKEN, {**GOOD_TOKEN, "token": "t-x", "tenant": "Not_A_Tenant"}]
+                ),
+            )
+        },
+        "Not_A_Tenant",
+    ),
+    "token file not YAML": (
+        lambda t: {"tokenFile": write(t, "tokens.yaml", "- {token: [\n")},
+        "identity.tokenFile",
+    ),
+    "token file not a list": (
+        lambda t: {"tokenFile": write(t, "tokens.yaml", "a: 1\n")},
+        "identity.tokenFile",
+    ),
     "missing public key file": (
         lambda t: {"jwt": {"algorithms": ["RS256"], "publicKeyFile": str(t / "key.pem")}},
-        "identity.jwt.publicKeyFile"),
+        "identity.jwt.publicKeyFile",
+    ),
     "public key file not PEM": (
-        lambda t: {"jwt": {"algorithms": ["RS256"],
-                           "publicKeyFile": write(t, "key.pem", "not a key\n")}},
-        "identity.jwt.publicKeyFile"),
+        lambda t: {
+            "jwt": {"algorithms": ["RS256"], "publicKeyFile": write(t, "key.pem", "not a key\n")}
+        },
+        "identity.jwt.publicKeyFile",
+    ),
     "missing JWKS file": (
         lambda t: {"jwt": {"algorithms": ["RS256"], "jwksFile": str(t / "jwks.json")}},
-        "identity.jwt.jwksFile"),
+        "identity.jwt.jwksFile",
+    ),
     "JWKS file not JSON": (
         lambda t: {"jwt": {"algorithms": ["RS256"], "jwksFile": write(t, "jwks.json", "{")}},
-        "identity.jwt.jwksFile"),
+        "identity.jwt.jwksFile",
+    ),
     "unusable secret": (
-        lambda t: {"jwt": {"algorithms": ["HS256"],
-                           "secret": "-----BEGIN PUBLIC KEY-----\nabc\n-----END PUBLIC KEY-----"}},
-        "identity.jwt.secret"),
+        lambda t: {
+            "jwt": {
+                "algorithms": ["HS256"],
+                "secret": "-----BEGIN PUBLIC KEY-----\nabc\n-----END PUBLIC KEY-----",
+            }
+        },
+        "identity.jwt.secret",
+    ),
     "secret without an HS algorithm": (
         lambda t: {"jwt": {"algorithms": ["RS256"], "secret": "x" * 32}},
-        "identity.jwt.secret"),
-    "unknown algorithm": (lambda t: {"jwt": {"algorithms": ["HS999"], "secret": "x" * 32}},
-                          "identity.jwt.algorithms"),
+        "identity.jwt.secret",
+    ),
+    "unknown algorithm": (
+        lambda t: {"jwt": {"algorithms": ["HS999"], "secret": "x" * 32}},
+        "identity.jwt.algorithms",
+    ),
     "bad trusted client": (
         lambda t: {"trustedHeaders": {"enabled": True, "clients": ["not-an-ip"]}},
-        "identity.trustedHeaders.clients"),
+        "identity.trustedHeaders.clients",
+    ),
 }
 
 

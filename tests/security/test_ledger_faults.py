@@ -72,8 +72,9 @@ async def test_deleted_sqlite_ledger_fails_closed(tmp_path: Path) -> None:
         assert not db.exists()
         text = await readyz_shows(env, "ledger file missing")
         assert_no_leak(text, str(tmp_path))
-        async with env.http.get(env.url("/quota/v1/tenants/acme"),
-                                headers={"Authorization": "Bearer admin-token"}) as r:
+        async with env.http.get(
+            env.url("/quota/v1/tenants/acme"), headers={"Authorization": "Bearer admin-token"}
+        ) as r:
             assert r.status == 503
             assert_no_leak(await r.text(), str(tmp_path))
 

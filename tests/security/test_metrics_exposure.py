@@ -16,26 +16,25 @@ from tests import harness
 from tests.security import tenancy_env
 from tests.security.tenancy_env import SHIPPED_POLICIES, TOKENS
 
-PROMETHEUS = {"token": "prom", "user": "prometheus", "tenant": "system", "groups": []}
-MONITORING_BINDING = """\
-kind: ClusterRoleBinding
-metadata: {name: monitoring}
-roleRef: {kind: ClusterRole, name: monitoring}
-subjects:
-- {kind: User, name: prometheus}
-"""
+# The shipped `monitoring` ClusterRoleBinding binds group `system:monitoring`.
+PROMETHEUS = {
+    "token": "prom",
+    "user": "prometheus",
+    "tenant": "system",
+    "groups": ["system:monitoring"],
+}
 
 
 def policies_with_monitoring(tmp: Path) -> Path:
-    """The shipped policies plus a binding of the shipped `monitoring` role."""
+    """A copy of the shipped policies (which bind `monitoring` to `system:monitoring`)."""
     target = tmp / "policies"
     shutil.copytree(SHIPPED_POLICIES, target)
-    (target / "99-bind-monitoring.yaml").write_text(MONITORING_BINDING)
     return target
 
 
-async def get(http: aiohttp.ClientSession, url: str, token: str | None = None,
-              method: str = "GET") -> tuple[int, str]:
+async def get(
+    http: aiohttp.ClientSession, url: str, token: str | None = None, method: str = "GET"
+) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with http.request(method, URL(url, encoded=True), headers=headers) as resp:
         return resp.status, await resp.text()
@@ -57,8 +56,7 @@ async def test_metrics_on_the_main_listener_are_authorized(tmp_path: Path) -> No
 
         # A tenant user, whatever its role in its tenant, is refused, under every spelling.
         for token in ("acme-admin", "beta-user", "acme-dev"):
-            for path in ("/metrics", "/metrics?name[]=x", "/metrics/", "/%6detrics",
-                         "/metrics%3F"):
+            for path in ("/metrics", "/metrics?name[]=x", "/metrics/", "/%6detrics", "/metrics%3F"):
                 status, body = await get(env.http, env.url + path, token)
                 assert 400 <= status < 500, (token, path, status)
                 assert "sidecar_requests_total" not in body, (token, path)

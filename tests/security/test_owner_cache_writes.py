@@ -20,15 +20,18 @@ async def test_previous_owner_cannot_write_after_reassignment(tmp_path: Path) ->
         await seed(env, {"n1": "acme"})
         status, body = await env.call("acme-owner", "GET", "/api/v1/nodes/n1")
         assert status == 200, body  # the owner is now cached for acme
-        status, body = await env.call("admin", "PATCH", "/api/v1/nodes/n1",
-                                      {"spec": {"owner": "beta"}}, MERGE)
+        status, body = await env.call(
+            "admin", "PATCH", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}}, MERGE
+        )
         assert status == 200 and body["spec"]["owner"] == "beta", body
         # (a GET may still be answered from the cached owner: not asserted)
-        status, body = await env.call("acme-owner", "PATCH", "/api/v1/nodes/n1",
-                                      {"spec": {"resource_class": "stolen"}}, MERGE)
+        status, body = await env.call(
+            "acme-owner", "PATCH", "/api/v1/nodes/n1", {"spec": {"resource_class": "stolen"}}, MERGE
+        )
         assert status == 404 and body["kind"] == "Status", body
-        status, body = await env.call("acme-owner", "PUT", "/api/v1/nodes/n1/power",
-                                      {"target": "power on"})
+        status, body = await env.call(
+            "acme-owner", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"}
+        )
         assert status == 404, body
         status, node = await env.call("admin", "GET", "/api/v1/nodes/n1")
         assert node["spec"] == {"owner": "beta", "resource_class": "gpu"}

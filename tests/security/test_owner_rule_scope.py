@@ -70,19 +70,34 @@ def write_policy(tmp: Path) -> Path:
 async def test_owner_rule_never_reaches_another_tenants_pods(tmp_path: Path) -> None:
     async with running(tmp_path, write_policy(tmp_path)) as env:
         for tenant in ("acme", "beta"):
-            assert (await env.call("admin", "POST", "/api/v1/tenants",
-                                   {"metadata": {"name": tenant}}))[0] == 201
-            assert (await env.call("admin", "POST", f"/api/v1/tenants/{tenant}/namespaces",
-                                   {"metadata": {"name": "dev"}}))[0] == 201
+            assert (
+                await env.call("admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}})
+            )[0] == 201
+            assert (
+                await env.call(
+                    "admin",
+                    "POST",
+                    f"/api/v1/tenants/{tenant}/namespaces",
+                    {"metadata": {"name": "dev"}},
+                )
+            )[0] == 201
         # beta's pods that claim acme as their owner (a beta user can write anything
         # into its own objects), and one acme pod.
         for tenant, name in (("beta", "beta-pod"), ("acme", "acme-pod")):
             status, body = await env.call(
-                "admin", "POST", f"/api/v1/tenants/{tenant}/namespaces/dev/pods",
-                {"metadata": {"name": name}, "spec": {"owner": "acme"}})
+                "admin",
+                "POST",
+                f"/api/v1/tenants/{tenant}/namespaces/dev/pods",
+                {"metadata": {"name": name}, "spec": {"owner": "acme"}},
+            )
             assert status == 201, body
-        for path in ("/api/v1/pods", "/api/v1/configmaps", "/apis/apps/v1/deployments",
-                     "/apis/baremetal/v1/allocations", "/api/v1/namespaces/dev/../pods"):
+        for path in (
+            "/api/v1/pods",
+            "/api/v1/configmaps",
+            "/apis/apps/v1/deployments",
+            "/apis/baremetal/v1/allocations",
+            "/api/v1/namespaces/dev/../pods",
+        ):
             status, body = await env.call("acme-user", "GET", path)
             assert status in (400, 404), (path, body)
             assert "beta-pod" not in str(body)
@@ -90,8 +105,9 @@ async def test_owner_rule_never_reaches_another_tenants_pods(tmp_path: Path) -> 
         status, body = await env.call("acme-user", "GET", "/api/v1/tenants/acme/pods")
         assert status == 200, body
         assert [i["metadata"]["name"] for i in body["items"]] == ["acme-pod"]
-        status, body = await env.call("acme-user", "GET",
-                                      "/api/v1/tenants/beta/namespaces/dev/pods/beta-pod")
+        status, body = await env.call(
+            "acme-user", "GET", "/api/v1/tenants/beta/namespaces/dev/pods/beta-pod"
+        )
         assert status == 404
         # The admin (ClusterRoleBinding) still lists across tenants.
         status, body = await env.call("admin", "GET", "/api/v1/pods")
@@ -100,8 +116,13 @@ async def test_owner_rule_never_reaches_another_tenants_pods(tmp_path: Path) -> 
 
 def test_policy_check_warns_about_owner_rules_on_namespaced_resources(tmp_path: Path) -> None:
     d = write_policy(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "policy", "check", str(d)],
-                         capture_output=True, text=True, cwd=harness.ROOT, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "policy", "check", str(d)],
+        capture_output=True,
+        text=True,
+        cwd=harness.ROOT,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert "WARNING" in text and "pods" in text and "owner" in text
@@ -109,14 +130,21 @@ def test_policy_check_warns_about_owner_rules_on_namespaced_resources(tmp_path: 
     assert f"{d / 'policy.yaml'}:21:" in text  # the wildcard rule
     shipped = subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "policy", "check", str(harness.ROOT / "policies")],
-        capture_output=True, text=True, cwd=harness.ROOT, timeout=60)
+        capture_output=True,
+        text=True,
+        cwd=harness.ROOT,
+        timeout=60,
+    )
     assert shipped.returncode == 0 and "WARNING" not in shipped.stdout + shipped.stderr
 
 
 def test_sidecar_scope_table_agrees_with_the_store() -> None:
     """Contract: the sidecar's table of cluster-scoped resources is exactly the store's."""
-    store_cluster = {(r.group, r.plural) for r in store_resources.RESOURCES.values()
-                     if r.scope == store_resources.CLUSTER}
+    store_cluster = {
+        (r.group, r.plural)
+        for r in store_resources.RESOURCES.values()
+        if r.scope == store_resources.CLUSTER
+    }
     for r in store_resources.RESOURCES.values():
         assert is_cluster_scoped(r.group, r.plural) == (r.scope == store_resources.CLUSTER), r
     assert store_cluster <= CLUSTER_SCOPED

@@ -34,8 +34,9 @@ HEADER_TIMEOUT = 1.0
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, harness.Proc]]:
     upstream = RawUpstream().start()
-    proc = harness.start_sidecar(tmp_path, sidecar_config(
-        tmp_path, upstream.url, limits={"headerTimeout": HEADER_TIMEOUT}))
+    proc = harness.start_sidecar(
+        tmp_path, sidecar_config(tmp_path, upstream.url, limits={"headerTimeout": HEADER_TIMEOUT})
+    )
     yield upstream, proc
     proc.stop()
     upstream.stop()
@@ -50,23 +51,34 @@ def _status(body: bytes) -> dict[str, object]:
 # -- identity headers ---------------------------------------------------------------
 
 
-REMOTE_SPELLINGS = [("X_Remote_User", "mallory"), ("X_Remote_Tenant", "beta"),
-                    ("x_remote_group", "system:masters"), ("X-Remote_Extra-scopes", "all"),
-                    ("X-Remote-User", "mallory")]
+REMOTE_SPELLINGS = [
+    ("X_Remote_User", "mallory"),
+    ("X_Remote_Tenant", "beta"),
+    ("x_remote_group", "system:masters"),
+    ("X-Remote_Extra-scopes", "all"),
+    ("X-Remote-User", "mallory"),
+]
 
 
 async def test_underscore_spellings_of_identity_headers_never_reach_the_upstream(
     stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
-    answers, _ = await exchange(proc.port, request_bytes("GET", EVENT,
-                                                         [AUTH, *REMOTE_SPELLINGS]), 1)
+    answers, _ = await exchange(
+        proc.port, request_bytes("GET", EVENT, [AUTH, *REMOTE_SPELLINGS]), 1
+    )
     assert [a.status for a in answers] == [200]
     received, _ = upstream.snapshot()
-    remote = [(k, v) for k, v in received[0].headers
-              if k.lower().replace("_", "-").startswith("x-remote-")]
-    assert sorted(remote) == [("X-Remote-Group", "ops"), ("X-Remote-Tenant", "system"),
-                              ("X-Remote-User", "admin")]
+    remote = [
+        (k, v)
+        for k, v in received[0].headers
+        if k.lower().replace("_", "-").startswith("x-remote-")
+    ]
+    assert sorted(remote) == [
+        ("X-Remote-Group", "ops"),
+        ("X-Remote-Tenant", "system"),
+        ("X-Remote-User", "admin"),
+    ]
 
 
 async def test_trusted_front_proxy_identity_is_replaced_and_underscores_dropped(
@@ -77,13 +89,20 @@ async def test_trusted_front_proxy_identity_is_replaced_and_underscores_dropped(
     config["identity"] = {"trustedHeaders": {"enabled": True, "clients": ["127.0.0.1"]}}
     proc = harness.start_sidecar(tmp_path, config)
     try:
-        headers = [("X-Remote-User", "admin"), ("X-Remote-Tenant", "system"),
-                   ("X_Remote_Group", "system:masters"), ("X_Remote_User", "mallory")]
+        headers = [
+            ("X-Remote-User", "admin"),
+            ("X-Remote-Tenant", "system"),
+            ("X_Remote_Group", "system:masters"),
+            ("X_Remote_User", "mallory"),
+        ]
         answers, _ = await exchange(proc.port, request_bytes("GET", EVENT, headers), 1)
         assert [a.status for a in answers] == [200]
         received, _ = upstream.snapshot()
-        remote = [(k, v) for k, v in received[0].headers
-                  if k.lower().replace("_", "-").startswith("x-remote-")]
+        remote = [
+            (k, v)
+            for k, v in received[0].headers
+            if k.lower().replace("_", "-").startswith("x-remote-")
+        ]
         assert sorted(remote) == [("X-Remote-Tenant", "system"), ("X-Remote-User", "admin")]
     finally:
         proc.stop()
@@ -93,15 +112,20 @@ async def test_trusted_front_proxy_identity_is_replaced_and_underscores_dropped(
 # -- request targets ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("line", "code"), [
-    ("CONNECT example.com:443 HTTP/1.1", 405),
-    ("CONNECT 127.0.0.1:6379 HTTP/1.1", 405),
-    ("OPTIONS * HTTP/1.1", 400),
-    ("GET http://evil.example/api/v1/tenants/acme/namespaces/dev/events/e1 HTTP/1.1", 400),
-    ("GET //evil.example/api/v1/nodes HTTP/1.1", 400),
-])
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        ("CONNECT example.com:443 HTTP/1.1", 405),
+        ("CONNECT 127.0.0.1:6379 HTTP/1.1", 405),
+        ("OPTIONS * HTTP/1.1", 400),
+        ("GET http://evil.example/api/v1/tenants/acme/namespaces/dev/events/e1 HTTP/1.1", 400),
+        ("GET //evil.example/api/v1/nodes HTTP/1.1", 400),
+    ],
+)
 async def test_non_origin_form_targets_get_a_status_body(
-    line: str, code: int, stack: tuple[RawUpstream, harness.Proc],
+    line: str,
+    code: int,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     raw = f"{line}\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode()
@@ -161,8 +185,9 @@ async def test_malformed_requests_log_one_rate_limited_line_each(
 # -- slow clients ---------------------------------------------------------------------
 
 
-async def _closed_within(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         drip: bytes, bound: float) -> float | None:
+async def _closed_within(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drip: bytes, bound: float
+) -> float | None:
     """Drip `drip` a byte at a time; the time until the sidecar closes, None if not
     within `bound` seconds."""
     started = time.monotonic()
@@ -235,20 +260,23 @@ async def test_slow_headers_on_a_kept_alive_connection_are_cut_off(
 # -- Expect: 100-continue -----------------------------------------------------------
 
 
-async def _head_only(port: int, headers: list[tuple[str, str]]) -> tuple[
-        asyncio.StreamReader, asyncio.StreamWriter]:
+async def _head_only(
+    port: int, headers: list[tuple[str, str]]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    raw = request_bytes("PUT", EVENT, [*headers, ("Expect", "100-continue"),
-                                       ("Content-Length", "11")])
+    raw = request_bytes(
+        "PUT", EVENT, [*headers, ("Expect", "100-continue"), ("Content-Length", "11")]
+    )
     writer.write(raw)
     await writer.drain()
     return reader, writer
 
 
-@pytest.mark.parametrize(("token", "code"), [(None, 401), ("garbage", 401),
-                                             (ALICE_TOKEN, 403)])
+@pytest.mark.parametrize(("token", "code"), [(None, 401), ("garbage", 401), (ALICE_TOKEN, 403)])
 async def test_refused_request_gets_no_100_continue_and_its_connection_closes(
-    token: str | None, code: int, stack: tuple[RawUpstream, harness.Proc],
+    token: str | None,
+    code: int,
+    stack: tuple[RawUpstream, harness.Proc],
 ) -> None:
     upstream, proc = stack
     headers = [("Authorization", f"Bearer {token}")] if token else []

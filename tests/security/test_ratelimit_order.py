@@ -39,8 +39,9 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     shutil.copytree(SHIPPED_POLICIES, policies)
     (policies / "60-rate-limits.yaml").write_text(RATE_LIMITS)
     async with running(tmp_path, policies) as e:
-        status, body = await e.call("admin", "POST", "/api/v1/tenants",
-                                    {"metadata": {"name": "acme"}})
+        status, body = await e.call(
+            "admin", "POST", "/api/v1/tenants", {"metadata": {"name": "acme"}}
+        )
         assert status == 201, body
         yield e
 
@@ -55,14 +56,16 @@ async def test_concealed_requests_spend_the_callers_budget(env: Env) -> None:
     statuses = []
     for i in range(ATTEMPTS):
         status, body = await env.call(
-            "beta-admin", "GET", f"/api/v1/tenants/acme/namespaces/default/configmaps/c{i}")
+            "beta-admin", "GET", f"/api/v1/tenants/acme/namespaces/default/configmaps/c{i}"
+        )
         statuses.append(status)
         if i >= BURST:
             assert_limited(status, body)
     assert statuses == [404] * BURST + [429] * (ATTEMPTS - BURST)
     # The budget spent is beta's own: its own namespace is now refused too...
-    status, body = await env.call("beta-admin", "GET",
-                                  "/api/v1/tenants/beta/namespaces/default/configmaps")
+    status, body = await env.call(
+        "beta-admin", "GET", "/api/v1/tenants/beta/namespaces/default/configmaps"
+    )
     assert_limited(status, body)
     # ...while acme's is whole.
     status, _ = await env.call("acme-admin", "GET", "/api/v1/tenants/acme/namespaces")
@@ -91,8 +94,14 @@ async def test_access_reviews_stop_at_the_limit(env: Env) -> None:
     review = "/apis/authorization.k8s.io/v1/tenants/acme/selfsubjectaccessreviews"
     statuses = []
     for i in range(ATTEMPTS):
-        spec = {"resourceAttributes": {"verb": "get", "resource": "nodes",
-                                       "name": f"gone-{i}", "scope": "cluster"}}
+        spec = {
+            "resourceAttributes": {
+                "verb": "get",
+                "resource": "nodes",
+                "name": f"gone-{i}",
+                "scope": "cluster",
+            }
+        }
         status, body = await env.call("acme-owner", "POST", review, {"spec": spec})
         statuses.append(status)
         if i >= BURST:

@@ -42,7 +42,9 @@ def assert_discreet(text: str, tmp: Path) -> None:
 async def test_ledger_and_redis_outage_keep_it_ready(tmp_path: Path) -> None:
     redis = f"redis://:{PASSWORD}@127.0.0.1:{harness.free_port()}/0"
     async with tenancy_env.running(
-        tmp_path, ledger=redis, rateLimit={"global": redis, "redisTimeout": 0.2},
+        tmp_path,
+        ledger=redis,
+        rateLimit={"global": redis, "redisTimeout": 0.2},
     ) as env:
         status, body, text = await readyz(env.http, env.url)
         assert status == 200, text
@@ -54,19 +56,24 @@ async def test_ledger_and_redis_outage_keep_it_ready(tmp_path: Path) -> None:
         assert "ledger" in body["degraded"]
         assert_discreet(text, tmp_path)
         # ... and in the metrics.
-        async with env.http.get(env.url + "/metrics",
-                                headers={"Authorization": "Bearer admin"}) as resp:
+        async with env.http.get(
+            env.url + "/metrics", headers={"Authorization": "Bearer admin"}
+        ) as resp:
             metrics = await resp.text()
         assert 'sidecar_ready_check{check="ledger"} 0.0' in metrics
         assert 'sidecar_ready_check{check="upstream"} 1.0' in metrics
 
 
 async def test_upstream_down_is_503(tmp_path: Path) -> None:
-    proc = await asyncio.to_thread(harness.start_sidecar, tmp_path, {
-        "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{harness.free_port()}",
-        "policies": str(SHIPPED_POLICIES),
-        "reload": {"enabled": False},
-    })
+    proc = await asyncio.to_thread(
+        harness.start_sidecar,
+        tmp_path,
+        {
+            "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{harness.free_port()}",
+            "policies": str(SHIPPED_POLICIES),
+            "reload": {"enabled": False},
+        },
+    )
     try:
         async with aiohttp.ClientSession() as http:
             status, body, text = await readyz(http, proc.url)
@@ -87,7 +94,8 @@ async def test_refused_policy_change_names_no_file(tmp_path: Path) -> None:
         tmp_path, policies, reload={"enabled": True, "debounceSeconds": 0.1}
     ) as env:
         (policies / "99-broken.yaml").write_text(
-            "kind: TenantResourceQuota\nmetadata: {name: acme, tenant: acme}\nspec: {hard: [\n")
+            "kind: TenantResourceQuota\nmetadata: {name: acme, tenant: acme}\nspec: {hard: [\n"
+        )
         deadline = time.monotonic() + 15
         while True:
             status, body, text = await readyz(env.http, env.url)
@@ -112,8 +120,9 @@ async def test_never_limited_never_forwarded(tmp_path: Path) -> None:
         # Other methods are answered by the sidecar, never forwarded.
         for method in ("POST", "PUT", "DELETE"):
             for path in ("/readyz", "/healthz"):
-                async with env.http.request(method, env.url + path,
-                                            headers={"Authorization": "Bearer admin"}) as resp:
+                async with env.http.request(
+                    method, env.url + path, headers={"Authorization": "Bearer admin"}
+                ) as resp:
                     assert resp.status == 405, (method, path)
                     assert (await resp.json())["kind"] == "Status"
         # The upstream saw none of these requests: only the readiness probe's own

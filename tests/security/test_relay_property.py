@@ -40,8 +40,7 @@ _ids = itertools.count(1)
 
 
 async def _echo(msg: Message, writer: asyncio.StreamWriter) -> bool:
-    writer.write(response_bytes(200, b'{"metadata":{"name":"relayed"}}',
-                                {"X-Upstream": "1"}))
+    writer.write(response_bytes(200, b'{"metadata":{"name":"relayed"}}', {"X-Upstream": "1"}))
     await writer.drain()
     return True
 
@@ -50,8 +49,12 @@ async def _echo(msg: Message, writer: asyncio.StreamWriter) -> bool:
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RawUpstream, int]]:
     tmp = tmp_path_factory.mktemp("relay")
     upstream = RawUpstream(responder=_echo).start()
-    proc = harness.start_sidecar(tmp, sidecar_config(
-        tmp, upstream.url, limits={"maxBodyBytes": MAX_BODY, "upstreamReadTimeout": 10}))
+    proc = harness.start_sidecar(
+        tmp,
+        sidecar_config(
+            tmp, upstream.url, limits={"maxBodyBytes": MAX_BODY, "upstreamReadTimeout": 10}
+        ),
+    )
     yield upstream, proc.port
     proc.stop()
     upstream.stop()
@@ -85,25 +88,43 @@ def _encode(plain: bytes, kind: str) -> tuple[bytes, str | None]:
 _plain = st.one_of(
     st.binary(max_size=2500),
     st.builds(lambda a, b: a + SMUGGLE + b, st.binary(max_size=300), st.binary(max_size=300)),
-    st.builds(lambda n: b'{"metadata":{"name":"p"},"pad":"' + b"x" * n + b'"}',
-              st.integers(0, 9000)),
+    st.builds(
+        lambda n: b'{"metadata":{"name":"p"},"pad":"' + b"x" * n + b'"}', st.integers(0, 9000)
+    ),
 )
-_request = st.fixed_dictionaries({
-    "method": st.sampled_from(["POST", "PUT", "PATCH", "GET", "DELETE"]),
-    "path": st.sampled_from([EVENTS + "/e1", EVENTS, PODS]),
-    "plain": _plain,
-    "coding": st.sampled_from(["none", "identity", "gzip", "deflate", "garbage-gzip", "br"]),
-    "framing": st.sampled_from(["length"] * 4 + ["chunked"] * 4 + [
-        "none", "length+chunked", "two-lengths", "chunked-bad"]),
-    "cuts": st.lists(st.integers(1, 12000), max_size=5),
-    "connection": st.sampled_from([None] * 10 + [
-        "keep-alive", "close", "X-Foo", "X-Remote-User", "Expect",
-        "keep-alive, Content-Encoding", "Content-Length", "transfer-encoding", "Host",
-        "Authorization", "Content-Type"]),
-    "ctype": st.sampled_from([None, "application/json", "application/octet-stream"]),
-    "expect": st.booleans(),
-    "remote": st.sampled_from([None, "X-Remote-User", "X_Remote_Tenant", "x-remote-group"]),
-})
+_request = st.fixed_dictionaries(
+    {
+        "method": st.sampled_from(["POST", "PUT", "PATCH", "GET", "DELETE"]),
+        "path": st.sampled_from([EVENTS + "/e1", EVENTS, PODS]),
+        "plain": _plain,
+        "coding": st.sampled_from(["none", "identity", "gzip", "deflate", "garbage-gzip", "br"]),
+        "framing": st.sampled_from(
+            ["length"] * 4
+            + ["chunked"] * 4
+            + ["none", "length+chunked", "two-lengths", "chunked-bad"]
+        ),
+        "cuts": st.lists(st.integers(1, 12000), max_size=5),
+        "connection": st.sampled_from(
+            [None] * 10
+            + [
+                "keep-alive",
+                "close",
+                "X-Foo",
+                "X-Remote-User",
+                "Expect",
+                "keep-alive, Content-Encoding",
+                "Content-Length",
+                "transfer-encoding",
+                "Host",
+                "Authorization",
+                "Content-Type",
+            ]
+        ),
+        "ctype": st.sampled_from([None, "application/json", "application/octet-stream"]),
+        "expect": st.booleans(),
+        "remote": st.sampled_from([None, "X-Remote-User", "X_Remote_Tenant", "x-remote-group"]),
+    }
+)
 
 
 def _build(spec: dict[str, Any]) -> Sent:
@@ -132,13 +153,18 @@ def _build(spec: dict[str, Any]) -> Sent:
         wire = request_bytes(spec["method"], spec["path"], headers, body, chunks=spec["cuts"])
     elif framing == "length+chunked":
         malformed = True
-        wire = request_bytes(spec["method"], spec["path"],
-                             [*headers, ("Content-Length", str(len(body)))], body,
-                             chunks=spec["cuts"])
+        wire = request_bytes(
+            spec["method"],
+            spec["path"],
+            [*headers, ("Content-Length", str(len(body)))],
+            body,
+            chunks=spec["cuts"],
+        )
     elif framing == "two-lengths":
         malformed = True
-        wire = request_bytes(spec["method"], spec["path"],
-                             [*headers, ("Content-Length", str(len(body) + 1))], body)
+        wire = request_bytes(
+            spec["method"], spec["path"], [*headers, ("Content-Length", str(len(body) + 1))], body
+        )
     else:  # chunked-bad: a chunk shorter than its data, or a size that is not hex
         malformed = True
         head = request_bytes(spec["method"], spec["path"], headers, b"x", chunks=[])
@@ -149,15 +175,16 @@ def _build(spec: dict[str, Any]) -> Sent:
 
 
 async def _run(port: int, batches: list[list[Sent]]) -> list[list[Message]]:
-    results = await asyncio.gather(*[
-        exchange(port, b"".join(s.wire for s in batch), len(batch), wait=5.0)
-        for batch in batches
-    ])
+    results = await asyncio.gather(
+        *[
+            exchange(port, b"".join(s.wire for s in batch), len(batch), wait=5.0)
+            for batch in batches
+        ]
+    )
     return [answers for answers, _ in results]
 
 
-def _check(upstream: RawUpstream, batches: list[list[Sent]],
-           answers: list[list[Message]]) -> None:
+def _check(upstream: RawUpstream, batches: list[list[Sent]], answers: list[list[Message]]) -> None:
     received, errors = upstream.snapshot()
     with upstream._lock:
         aborted = list(upstream.aborted)
@@ -189,15 +216,17 @@ def _check(upstream: RawUpstream, batches: list[list[Sent]],
                 assert up.method == sent.method, context
                 assert up.target == sent.target, context
                 assert up.body == (sent.body or b""), context
-                assert up.values("Content-Encoding") == ([sent.encoding] if sent.encoding
-                                                         else []), context
+                assert up.values("Content-Encoding") == (
+                    [sent.encoding] if sent.encoding else []
+                ), context
                 assert up.values("X-Remote-User") == ["admin"], context
                 for name, _ in up.headers:
                     lower = name.lower().replace("_", "-")
                     assert lower != "expect", context  # the sidecar answers Expect itself
                     if lower.startswith("x-remote-"):
-                        assert name in ("X-Remote-User", "X-Remote-Tenant",
-                                        "X-Remote-Group"), context
+                        assert name in ("X-Remote-User", "X-Remote-Tenant", "X-Remote-Group"), (
+                            context
+                        )
             else:
                 assert status is None or 400 <= status < 500, context
                 assert forwarded == [], context
@@ -207,12 +236,20 @@ def _check(upstream: RawUpstream, batches: list[list[Sent]],
 
 # No shrink phase: a failing example may wait out timeouts, and shrinking it would
 # take minutes; the failing example is reported as generated.
-@settings(max_examples=300, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=300,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(specs=st.lists(st.lists(_request, min_size=1, max_size=3), min_size=1, max_size=3))
 def test_every_request_is_relayed_exactly_or_refused(
-    relay: tuple[RawUpstream, int], specs: list[list[dict[str, Any]]],
+    relay: tuple[RawUpstream, int],
+    specs: list[list[dict[str, Any]]],
 ) -> None:
     upstream, port = relay
     upstream.clear()
@@ -225,9 +262,20 @@ def test_relay_fixture_sanity(relay: tuple[RawUpstream, int], tmp_path: Path) ->
     """The harness itself: a plain request is relayed and recorded."""
     upstream, port = relay
     upstream.clear()
-    sent = _build({"method": "PUT", "path": EVENTS + "/e1", "plain": b"hello",
-                   "coding": "none", "framing": "length", "cuts": [], "connection": None,
-                   "ctype": None, "expect": False, "remote": None})
+    sent = _build(
+        {
+            "method": "PUT",
+            "path": EVENTS + "/e1",
+            "plain": b"hello",
+            "coding": "none",
+            "framing": "length",
+            "cuts": [],
+            "connection": None,
+            "ctype": None,
+            "expect": False,
+            "remote": None,
+        }
+    )
     answers = asyncio.run(_run(port, [[sent]]))
     assert [a.status for a in answers[0]] == [200]
     _check(upstream, [[sent]], answers)

@@ -17,9 +17,18 @@ REVIEWS = "/apis/authorization.k8s.io/v1/tenants/acme/selfsubjectaccessreviews"
 
 
 def review(verb: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": {"verb": verb, "resource": "nodes", "name": name,
-                                            "scope": "cluster"}}}
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "verb": verb,
+                "resource": "nodes",
+                "name": name,
+                "scope": "cluster",
+            }
+        },
+    }
 
 
 async def _ask(env: Env, verb: str, name: str) -> tuple[int, Any]:
@@ -39,8 +48,10 @@ async def test_unowned_and_missing_nodes_get_the_same_review(tmp_path: Path) -> 
                 answers[name] = {k: str(v).replace(name, "NAME") for k, v in st.items()}
             assert answers["theirs"] == answers["free"] == answers["missing"], answers
             # The live requests agree: 404 with the same body.
-            live = [await env.call("acme-owner", "GET", f"/api/v1/nodes/{n}")
-                    for n in ("theirs", "missing")]
+            live = [
+                await env.call("acme-owner", "GET", f"/api/v1/nodes/{n}")
+                for n in ("theirs", "missing")
+            ]
             assert [s for s, _ in live] == [404, 404]
         status, body = await _ask(env, "get", "mine")
         assert status == 201 and body["status"]["allowed"] is True, body

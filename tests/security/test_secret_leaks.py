@@ -25,14 +25,16 @@ def closed_port() -> int:
 async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
     redis = f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"
     async with tenancy_env.running(
-        tmp_path, ledger=redis,
+        tmp_path,
+        ledger=redis,
         rateLimit={"global": redis, "failOpenLogInterval": 0.01, "redisTimeout": 0.2},
     ) as env:
         port = int(env.url.rsplit(":", 1)[1])
         log_path = tmp_path / f"sidecar-{port}.log"
         bodies: list[str] = []
-        status, body = await env.call("admin", "POST", "/api/v1/tenants",
-                                      {"metadata": {"name": "acme"}})
+        status, body = await env.call(
+            "admin", "POST", "/api/v1/tenants", {"metadata": {"name": "acme"}}
+        )
         assert status == 201, body
         deadline = time.monotonic() + 10
         # Enough traffic to log the global tier's fail-open more than once.
@@ -42,8 +44,7 @@ async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
         assert "failing open" in harness_log(log_path)
         # A quota-tracked create needs the ledger: refused, with a Status body.
-        status, body = await env.call("acme-admin", "POST", SERVERS,
-                                      {"metadata": {"name": "s1"}})
+        status, body = await env.call("acme-admin", "POST", SERVERS, {"metadata": {"name": "s1"}})
         assert status == 503 and body["kind"] == "Status", body
         bodies.append(str(body))
         for path in ("/quota/v1/tenants/acme", "/quota/v1/tenants"):
@@ -52,29 +53,40 @@ async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
             bodies.append(str(body))
         async with env.http.get(env.url + "/readyz") as resp:
             readyz = await resp.text()
-        async with env.http.get(env.url + "/metrics",
-                                headers={"Authorization": "Bearer admin"}) as resp:
+        async with env.http.get(
+            env.url + "/metrics", headers={"Authorization": "Bearer admin"}
+        ) as resp:
             metrics = await resp.text()
 
-    for where, text in [("log", harness_log(log_path)), ("readyz", readyz),
-                        ("metrics", metrics), *[("body", b) for b in bodies]]:
+    for where, text in [
+        ("log", harness_log(log_path)),
+        ("readyz", readyz),
+        ("metrics", metrics),
+        *[("body", b) for b in bodies],
+    ]:
         assert PASSWORD not in text, (where, text[-2000:])
     assert "unreachable" in readyz
 
 
 async def test_upstream_password_never_leaks(tmp_path: Path) -> None:
-    proc = await asyncio.to_thread(harness.start_sidecar, tmp_path, {
-        "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{closed_port()}",
-        "policies": str(harness.ROOT / "policies"),
-        "identity": {"tokenFile": str(harness.write_tokens(tmp_path, tenancy_env.TOKENS))},
-        "reload": {"enabled": False},
-    })
+    proc = await asyncio.to_thread(
+        harness.start_sidecar,
+        tmp_path,
+        {
+            "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{closed_port()}",
+            "policies": str(harness.ROOT / "policies"),
+            "identity": {"tokenFile": str(harness.write_tokens(tmp_path, tenancy_env.TOKENS))},
+            "reload": {"enabled": False},
+        },
+    )
     try:
         async with aiohttp.ClientSession() as http:
             async with http.get(proc.url + "/readyz") as resp:
                 readyz = await resp.text()
-            async with http.get(proc.url + "/api/v1/namespaces/default/configmaps",
-                                headers={"Authorization": "Bearer acme-admin"}) as resp:
+            async with http.get(
+                proc.url + "/api/v1/namespaces/default/configmaps",
+                headers={"Authorization": "Bearer acme-admin"},
+            ) as resp:
                 body = await resp.text()
     finally:
         proc.stop()

@@ -23,30 +23,37 @@ SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"
 
 
 def _node_list(count: int) -> bytes:
-    items = [{"metadata": {"name": f"node-{i}"},
-              "spec": {"owner": "acme" if i % 3 == 0 else "beta", "pad": "p" * 80}}
-             for i in range(count)]
-    return json.dumps({"kind": "NodeList", "apiVersion": "v1", "metadata": {},
-                       "items": items}).encode()
+    items = [
+        {
+            "metadata": {"name": f"node-{i}"},
+            "spec": {"owner": "acme" if i % 3 == 0 else "beta", "pad": "p" * 80},
+        }
+        for i in range(count)
+    ]
+    return json.dumps(
+        {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}
+    ).encode()
 
 
 NODES = _node_list(5000)  # about 700 KB
 ACME_NODES = sum(1 for i in range(5000) if i % 3 == 0)
 
 
-async def _send_in_pieces(writer: asyncio.StreamWriter, head: bytes, body: bytes,
-                          pieces: int = 25) -> None:
+async def _send_in_pieces(
+    writer: asyncio.StreamWriter, head: bytes, body: bytes, pieces: int = 25
+) -> None:
     writer.write(head)
     step = max(1, len(body) // pieces)
     for start in range(0, len(body), step):
-        writer.write(body[start:start + step])
+        writer.write(body[start : start + step])
         await writer.drain()
         await asyncio.sleep(0.005)  # separate TCP segments: the reader sees partial buffers
 
 
 def _head(status: int, length: int) -> bytes:
-    return (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()
+    return (
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 class Scripted:
@@ -64,8 +71,9 @@ class Scripted:
             await _send_in_pieces(writer, _head(200, len(NODES)), NODES)
             return True
         if path.startswith("/api/v1/nodes/"):  # the sidecar's owner lookup, cut short
-            body = json.dumps({"metadata": {"name": "n"}, "spec": {"owner": "acme"},
-                               "pad": "q" * 50_000}).encode()
+            body = json.dumps(
+                {"metadata": {"name": "n"}, "spec": {"owner": "acme"}, "pad": "q" * 50_000}
+            ).encode()
             await _send_in_pieces(writer, _head(200, len(body)), body[:20_000])
             return False
         if msg.method == "POST" and path == SERVERS:  # a create answer, cut short
@@ -81,9 +89,15 @@ class Scripted:
 def stack(tmp_path: Path) -> Iterator[tuple[Scripted, RawUpstream, harness.Proc]]:
     script = Scripted()
     upstream = RawUpstream(responder=script).start()
-    proc = harness.start_sidecar(tmp_path, sidecar_config(
-        tmp_path, upstream.url, policies=str(ROOT / "policies"),
-        limits={"upstreamReadTimeout": 10}))
+    proc = harness.start_sidecar(
+        tmp_path,
+        sidecar_config(
+            tmp_path,
+            upstream.url,
+            policies=str(ROOT / "policies"),
+            limits={"upstreamReadTimeout": 10},
+        ),
+    )
     yield script, upstream, proc
     proc.stop()
     upstream.stop()

@@ -43,8 +43,17 @@ async def test_patching_a_pod_to_5000_cpu_is_refused(
     async with quota_env(tmp_path, url, **extra) as env:
         status, _ = await env.send("POST", PODS, pod("p", cpu="100m"))
         assert status == 201
-        patch = {"spec": {"containers": [{"name": "c", "image": "x", "resources": {
-            "requests": {"cpu": "5000", "memory": "100Ti"}}}]}}
+        patch = {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {"requests": {"cpu": "5000", "memory": "100Ti"}},
+                    }
+                ]
+            }
+        }
         status, body = await env.send("PATCH", PODS + "/p", patch, content_type=MERGE)
         assert status == 403 and body["reason"] == "QuotaExceeded", body
         stored = await env.stored(PODS + "/p")
@@ -68,13 +77,15 @@ async def test_scaling_a_deployment_from_0_to_1000_is_refused(tmp_path: Path) ->
         status, body = await env.send("POST", DEPLOYMENTS, deployment("web", 0, "100m"))
         assert status == 201, body
         assert await env.usage("requests.cpu") == ("0", "0")
-        status, body = await env.send("PATCH", DEPLOYMENTS + "/web",
-                                      {"spec": {"replicas": 1000}}, content_type=MERGE)
+        status, body = await env.send(
+            "PATCH", DEPLOYMENTS + "/web", {"spec": {"replicas": 1000}}, content_type=MERGE
+        )
         assert status == 403 and body["reason"] == "QuotaExceeded", body
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 0
         # Within the limit it is charged: 40 x 100m = the whole 4 cpu.
-        status, body = await env.send("PATCH", DEPLOYMENTS + "/web",
-                                      {"spec": {"replicas": 40}}, content_type=MERGE)
+        status, body = await env.send(
+            "PATCH", DEPLOYMENTS + "/web", {"spec": {"replicas": 40}}, content_type=MERGE
+        )
         assert status == 200, body
         assert await env.usage("requests.cpu") == ("4", "0")
         status, body = await env.send("POST", PODS, pod("one-more", cpu="1m"))
@@ -85,12 +96,18 @@ async def test_a_decrease_frees_room(tmp_path: Path) -> None:
     async with quota_env(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}") as env:
         assert (await env.send("POST", PODS, pod("a", cpu="3")))[0] == 201
         assert (await env.send("POST", PODS, pod("b", cpu="1")))[0] == 201
-        grow_b = {"spec": {"containers": [{"name": "c", "image": "x",
-                                           "resources": {"requests": {"cpu": "2"}}}]}}
+        grow_b = {
+            "spec": {
+                "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "2"}}}]
+            }
+        }
         status, _ = await env.send("PATCH", PODS + "/b", grow_b, content_type=MERGE)
         assert status == 403
-        shrink_a = {"spec": {"containers": [{"name": "c", "image": "x",
-                                             "resources": {"requests": {"cpu": "1"}}}]}}
+        shrink_a = {
+            "spec": {
+                "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
+            }
+        }
         status, body = await env.send("PATCH", PODS + "/a", shrink_a, content_type=MERGE)
         assert status == 200, body
         assert await env.usage("requests.cpu") == ("2", "0")
@@ -102,45 +119,62 @@ async def test_a_decrease_frees_room(tmp_path: Path) -> None:
 async def test_json_patch_raising_replicas_is_charged(tmp_path: Path) -> None:
     async with quota_env(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}") as env:
         assert (await env.send("POST", DEPLOYMENTS, deployment("web", 1, "100m")))[0] == 201
-        ops = [{"op": "test", "path": "/spec/replicas", "value": 1},
-               {"op": "replace", "path": "/spec/replicas", "value": 30}]
-        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops,
-                                      content_type=JSON_PATCH)
+        ops = [
+            {"op": "test", "path": "/spec/replicas", "value": 1},
+            {"op": "replace", "path": "/spec/replicas", "value": 30},
+        ]
+        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops, content_type=JSON_PATCH)
         assert status == 200, body
         assert await env.usage("requests.cpu") == ("3", "0")
-        ops = [{"op": "copy", "from": "/spec/template/spec/containers/0",
-                "path": "/spec/template/spec/containers/-"}]
-        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops,
-                                      content_type=JSON_PATCH)
+        ops = [
+            {
+                "op": "copy",
+                "from": "/spec/template/spec/containers/0",
+                "path": "/spec/template/spec/containers/-",
+            }
+        ]
+        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops, content_type=JSON_PATCH)
         assert status == 403 and body["reason"] == "QuotaExceeded", body
         stored = await env.stored(DEPLOYMENTS + "/web")
         assert len(stored["spec"]["template"]["spec"]["containers"]) == 1
         ops = [{"op": "replace", "path": "/spec/replicas", "value": 1000}]
-        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops,
-                                      content_type=JSON_PATCH)
+        status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops, content_type=JSON_PATCH)
         assert status == 403 and body["reason"] == "QuotaExceeded", body
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 30
 
 
-@pytest.mark.parametrize(("content_type", "body", "code"), [
-    (JSON_PATCH, {"op": "replace"}, 400),
-    (JSON_PATCH, [{"op": "replace", "path": "/spec/nothing/here", "value": 1}], 422),
-    (JSON_PATCH, [{"op": "test", "path": "/spec/replicas", "value": 7}], 422),
-    (JSON_PATCH, [{"op": "jump", "path": "/spec"}], 400),
-    (MERGE, b"{not json", 400),
-    (MERGE, {"spec": {"replicas": -1}}, 400),
-    (MERGE, {"spec": {"template": {"spec": {"containers": [
-        {"resources": {"requests": {"cpu": "lots"}}}]}}}}, 400),
-    (MERGE, [1, 2], 400),
-    ("application/apply-patch+yaml", b"spec: {}", 415),
-])
+@pytest.mark.parametrize(
+    ("content_type", "body", "code"),
+    [
+        (JSON_PATCH, {"op": "replace"}, 400),
+        (JSON_PATCH, [{"op": "replace", "path": "/spec/nothing/here", "value": 1}], 422),
+        (JSON_PATCH, [{"op": "test", "path": "/spec/replicas", "value": 7}], 422),
+        (JSON_PATCH, [{"op": "jump", "path": "/spec"}], 400),
+        (MERGE, b"{not json", 400),
+        (MERGE, {"spec": {"replicas": -1}}, 400),
+        (
+            MERGE,
+            {
+                "spec": {
+                    "template": {
+                        "spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}
+                    }
+                }
+            },
+            400,
+        ),
+        (MERGE, [1, 2], 400),
+        ("application/apply-patch+yaml", b"spec: {}", 415),
+    ],
+)
 async def test_a_bad_patch_is_4xx_and_reserves_nothing(
     tmp_path: Path, content_type: str, body: Any, code: int
 ) -> None:
     async with quota_env(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}") as env:
         assert (await env.send("POST", DEPLOYMENTS, deployment("web", 1, "100m")))[0] == 201
-        status, answer = await env.send("PATCH", DEPLOYMENTS + "/web", body,
-                                        content_type=content_type)
+        status, answer = await env.send(
+            "PATCH", DEPLOYMENTS + "/web", body, content_type=content_type
+        )
         assert status == code and answer["kind"] == "Status", answer
         assert await env.usage("requests.cpu") == ("100m", "0")
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 1
@@ -154,23 +188,37 @@ async def test_concurrent_updates_of_one_object_409(tmp_path: Path) -> None:
     relay = TestServer(gate.app(), host="127.0.0.1")
     await relay.start_server()
     try:
-        async with quota_env(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}",
-                             upstream=str(relay.make_url("")).rstrip("/"), store=store) as env:
+        async with quota_env(
+            tmp_path,
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            upstream=str(relay.make_url("")).rstrip("/"),
+            store=store,
+        ) as env:
             assert (await env.send("POST", DEPLOYMENTS, deployment("web", 1, "100m")))[0] == 201
-            first = asyncio.create_task(env.send(
-                "PATCH", DEPLOYMENTS + "/web", {"spec": {"replicas": 30}}, content_type=MERGE))
+            first = asyncio.create_task(
+                env.send(
+                    "PATCH", DEPLOYMENTS + "/web", {"spec": {"replicas": 30}}, content_type=MERGE
+                )
+            )
             await asyncio.wait_for(gate.held.wait(), 10)
-            patch = {"spec": {"template": {"spec": {"containers": [
-                {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]}}}}
-            status, body = await env.send("PATCH", DEPLOYMENTS + "/web", patch,
-                                          content_type=MERGE)
+            patch = {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}
+                            ]
+                        }
+                    }
+                }
+            }
+            status, body = await env.send("PATCH", DEPLOYMENTS + "/web", patch, content_type=MERGE)
             assert status == 409, body
             gate.open.set()
             status, body = await asyncio.wait_for(first, 20)
             assert status == 200, body
             assert await env.usage("requests.cpu") == ("3", "0")
-            status, body = await env.send("PATCH", DEPLOYMENTS + "/web", patch,
-                                          content_type=MERGE)
+            status, body = await env.send("PATCH", DEPLOYMENTS + "/web", patch, content_type=MERGE)
             assert status == 403, body  # 30 x 1 cpu
             assert json.dumps(await env.stored(DEPLOYMENTS + "/web")).count('"100m"') == 1
     finally:

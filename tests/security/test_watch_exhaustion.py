@@ -100,8 +100,10 @@ class FakeUpstream:
                 if b"watch=true" in request_line:
                     match = _TAG.search(request_line)
                     tag = match.group(1).decode() if match else request_line.decode()
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Transfer-Encoding: chunked\r\n\r\n")
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n"
+                    )
                     await writer.drain()
                     self.opened[tag] = time.monotonic()
                     self._note()
@@ -114,8 +116,10 @@ class FakeUpstream:
                     return
                 self.ordinary += 1
                 body = b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[]}'
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -136,9 +140,11 @@ class Rig:
         self.counter += 1
         tag = f"w{self.counter}"
         url = f"{self.url}{PODS.format(tenant)}?watch=true&labelSelector={tag}"
-        resp = await self.http.get(url, headers={"Authorization": f"Bearer {tenant}"},
-                                   timeout=aiohttp.ClientTimeout(total=None, sock_connect=5,
-                                                                 sock_read=None))
+        resp = await self.http.get(
+            url,
+            headers={"Authorization": f"Bearer {tenant}"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=None),
+        )
         if resp.status == 200:
             self.watches[tag] = resp
         return tag, resp
@@ -155,9 +161,11 @@ class Rig:
             await asyncio.sleep(0.05)
 
     async def get(self, tenant: str) -> int:
-        async with self.http.get(self.url + PODS.format(tenant),
-                                 headers={"Authorization": f"Bearer {tenant}"},
-                                 timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        async with self.http.get(
+            self.url + PODS.format(tenant),
+            headers={"Authorization": f"Bearer {tenant}"},
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as resp:
             await resp.read()
             return resp.status
 
@@ -199,8 +207,10 @@ async def status_body(resp: aiohttp.ClientResponse, code: int) -> dict[str, Any]
 
 
 async def test_max_watches_per_tenant(tmp_path: Path) -> None:
-    limit = 'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, ' \
-            'burst: 1000, maxWatches: 3}\n'
+    limit = (
+        'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, '
+        "burst: 1000, maxWatches: 3}\n"
+    )
     async with rig(tmp_path, limit, {}) as r:
         for _ in range(3):
             _, resp = await r.watch("acme")
@@ -225,8 +235,10 @@ async def test_max_watches_per_tenant(tmp_path: Path) -> None:
 
 
 async def test_watches_do_not_starve_other_tenants(tmp_path: Path) -> None:
-    limit = 'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, ' \
-            'burst: 1000, maxInFlight: 4, maxWatches: 20}\n'
+    limit = (
+        'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, '
+        "burst: 1000, maxInFlight: 4, maxWatches: 20}\n"
+    )
     async with rig(tmp_path, limit, {"upstreamPoolSize": 4, "upstreamWatchPoolSize": 8}) as r:
         # acme opens twice the ordinary pool's worth of watches, without waiting for
         # each; all of them reach the upstream.
@@ -236,8 +248,9 @@ async def test_watches_do_not_starve_other_tenants(tmp_path: Path) -> None:
         # with watches in the ordinary pool they waited for one until a 504).
         for _ in range(10):
             assert await r.get("beta") == 200
-        assert await r.upstream.wait_for(lambda: len(r.upstream.open_watches) == 8, 10), \
+        assert await r.upstream.wait_for(lambda: len(r.upstream.open_watches) == 8, 10), (
             r.upstream.opened
+        )
         assert [resp.status for _, resp in await asyncio.gather(*opening)] == [200] * 8
         # And so do acme's own.
         assert await r.get("acme") == 200
@@ -263,14 +276,17 @@ async def open_and_abandon(r: Rig, count: int) -> None:
     for tag in tags:
         r.watches.pop(tag).close()
     # DESIGN §6: released within a second (2 s bound for a loaded CI machine).
-    assert await r.upstream.wait_for(lambda: tags <= r.upstream.closed.keys(), 2.0), \
+    assert await r.upstream.wait_for(lambda: tags <= r.upstream.closed.keys(), 2.0), (
         f"still open upstream: {r.upstream.open_watches}"
+    )
     assert max(r.upstream.closed[t] for t in tags) - left < 2.0
 
 
 async def test_disconnected_watch_releases_upstream_connection(tmp_path: Path) -> None:
-    limit = 'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, ' \
-            'burst: 1000, maxWatches: 3}\n'
+    limit = (
+        'kind: RateLimit\nmetadata: {name: d}\nspec: {tenant: "*", rate: 1000, '
+        "burst: 1000, maxWatches: 3}\n"
+    )
     async with rig(tmp_path, limit, {}) as r:
         await open_and_abandon(r, 3)
         # The tenant's watch slots came back with the connections: 3 more fit.
