@@ -89,6 +89,16 @@ class QuotaConfig:
     reconcile_interval_seconds: float = 0.0
     # Key prefix of the Redis ledger (lets several deployments share one Redis).
     redis_prefix: str = "sidecar:quota:"
+    # How often the quota used/hard gauges on /metrics are refreshed from the ledger.
+    gauge_interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Both set: serve HTTPS (kubectl sends tokens only over TLS). Re-read on change."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,7 @@ class ReloadConfig:
 @dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:8443"
+    tls: TlsConfig = field(default_factory=TlsConfig)
     # HOST:PORT serving /metrics without credentials (for a Prometheus scraper); off
     # by default, when /metrics is authorized on the main listener like any URL.
     metrics_listen: str | None = None
@@ -208,6 +219,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(
                 f"config key 'metricsListen' must be HOST:PORT, not {config.metrics_listen!r}"
             )
+    if (config.tls.cert_file is None) != (config.tls.key_file is None):
+        raise ConfigError("config keys 'tls.certFile' and 'tls.keyFile' must be set together")
     if config.limits.header_timeout <= 0:
         raise ConfigError("config key 'limits.headerTimeout' must be positive")
     if config.workers < 1:
