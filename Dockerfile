@@ -19,6 +19,7 @@ COPY policies /etc/sidecar/policies
 
 USER 10001:10001
 EXPOSE 8443
-HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8443/healthz', timeout=2)"
+# /healthz on $SIDECAR_LISTEN's port: HTTPS when tls.certFile/keyFile are set, else HTTP.
+HEALTHCHECK --interval=10s --timeout=5s CMD ["python", "-m", "sidecar.tls"]
 ENTRYPOINT ["sidecar"]
 CMD ["serve"]

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from sidecar.errors import StatusError, bad_request, not_found, tenant_not_found
 from sidecar.target import (
     DEFAULT_TENANT,
     SYSTEM_TENANT,
@@ -48,6 +47,7 @@ from .bodies import (
     read_object,
 )
 from .dryrun import is_dry_run
+from .errors import StatusError, bad_request, not_found, tenant_not_found
 from .patch import JSON_PATCH, json_patch, merge_patch
 from .resources import (
     ALLOCATIONS,
@@ -188,7 +188,9 @@ class Service:
             return StatusError(500, "internal error in the backing store").response()
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        target = parse_target(request.method, request.raw_path, request.query_string)
+        # The sidecar names a list's target after its `fieldSelector` (for resourceNames
+        # rules); the store addresses by path alone and applies selectors itself.
+        target = parse_target(request.method, request.raw_path, _without_field_selector(request))
         if not target.resource_request:
             return self._non_resource(request, target)
         write = request.method in _WRITE_METHODS
@@ -632,3 +634,9 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
 
 
 __all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json"]
+
+
+def _without_field_selector(request: web.Request) -> str:
+    return "&".join(
+        part for part in request.query_string.split("&") if not part.startswith("fieldSelector=")
+    )

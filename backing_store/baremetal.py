@@ -15,9 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.errors import StatusError, bad_request, not_found
-
 from .bodies import json_response, read_object
+from .errors import StatusError, bad_request, not_found
 from .resources import NODES
 from .storage import Store, range_end
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.errors import StatusError, bad_request
+from .errors import StatusError, bad_request
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
 JSON_TYPES = frozenset(

@@ -18,8 +18,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from sidecar.errors import StatusError
-
+from .errors import StatusError
 from .resources import NAMESPACE, NAMESPACES, TENANTS, ResourceType, table
 
 KUBERNETES_VERSION = ("1", "32")

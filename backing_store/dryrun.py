@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.errors import bad_request
+from .errors import bad_request
 
 DRY_RUN_ALL = "All"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sidecar.errors import StatusError, bad_request
+from .errors import StatusError, bad_request
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH_TYPES = frozenset(

@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.errors import bad_request
-
+from .errors import bad_request
 from .storage import Clause
 
 FIELDS = ("metadata.name", "metadata.namespace")

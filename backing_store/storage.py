@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.errors import bad_request
+from .errors import bad_request
 
 Obj = dict[str, Any]
 # (event type, key, object, the object before a MODIFIED event or None)

@@ -18,9 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.errors import StatusError, bad_request, not_found
-
 from .bodies import json_response, read_json
+from .errors import StatusError, bad_request, not_found
 from .storage import Clause, Store
 
 MAX_TAGS = 50

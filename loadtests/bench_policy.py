@@ -4,7 +4,7 @@ Generates policies of 1k / 10k / 100k compiled lines (half rule lines, half bind
 links) across 10 / 1,000 / 10,000 tenants as YAML files, then measures:
 - load: reading + validating the YAML and building the engine (index included);
 - compile: building the engine from already-parsed documents;
-- miss: `DecisionCache.decide` for a request not in the cache (index + Casbin matcher);
+- miss: `decide` with a `DecisionCache` for a request not in the cache (index + matcher);
 - hit: the same call once the decision is cached.
 About 45% of the generated requests are denials. DESIGN §11 targets at 100k lines /
 10k tenants: p99 ≤ 20 µs on a hit, ≤ 250 µs on a miss, load ≤ 5 s.
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sidecar.context import Identity
+from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache, compile_engine
 from sidecar.policy.files import load_documents
 from sidecar.target import RequestTarget, Scope
@@ -139,18 +140,18 @@ def bench(label: str, lines: int, tenants: int, n: int) -> dict[str, object]:
     cache = DecisionCache(maxsize=n * 2)
     timer = time.perf_counter_ns
     for ident, target in reqs[:200]:  # warm the code paths, not the cache
-        engine.decide(ident, target)
+        decide(engine, ident, target)
     miss: list[float] = []
     allowed = 0
     for ident, target in reqs:
         s = timer()
-        d = cache.decide(engine, ident, target)
+        d = decide(engine, ident, target, cache=cache)
         miss.append((timer() - s) / 1000)
         allowed += d.allowed
     hit: list[float] = []
     for ident, target in reqs:
         s = timer()
-        cache.decide(engine, ident, target)
+        decide(engine, ident, target, cache=cache)
         hit.append((timer() - s) / 1000)
     return {
         "size": label,

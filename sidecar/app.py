@@ -1,92 +1,139 @@
-"""Builds the sidecar from its config: the services, the pipeline, the aiohttp app.
+"""Builds the sidecar from its config: the services, the stages, the routes.
 
-The order of the pipeline's stages is decided here and only here:
+Every service is built here and handed to the stages that use it; nothing is looked
+up by name. The order of the pipeline's stages is stated here and only here
+(`build_app`, the list `stages`), as in DESIGN §1:
 
-    observe → parse → anonymous rate limit → identity → rate limit (caller's tenant)
-            → isolation → authorize → quota → forward
+    metrics → audit → errors → parse → anonymous rate limit → identity
+            → rate limit (caller's tenant) → transcode → authorize → quota → forward
 
-Requests under `/quota/v1/` are answered by the sidecar's quota API after identity
-and rate limiting (the API authorizes each call itself). `/healthz` and `/readyz`
-bypass the pipeline: no credentials, no rate limit, never forwarded. `/metrics` goes
-through the main pipeline like any non-resource URL and is answered by the sidecar,
-never forwarded (`sidecar.health`).
+Each route runs a prefix of that one list in front of its own terminal:
+
+- `/healthz`, `/readyz`: no stage at all (no credentials, no rate limit, never
+  forwarded);
+- `/quota/v1/…`: through the tenant rate limit, then the quota API (which authorizes
+  each call itself);
+- `/metrics`: through authorization like any non-resource URL, then answered by the
+  sidecar, never forwarded;
+- everything else: the whole list, then the proxy.
+
+Lifecycles run through aiohttp's `cleanup_ctx` (started in order, stopped in reverse);
+one SIGHUP handler reloads the policy and the credential files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from sidecar import (
-    authorize,
-    framing,
-    health,
-    identity,
-    isolation,
-    parse_stage,
-    protocol_errors,
-)
-from sidecar.audit import AuditLog
+from sidecar import framing, protocol_errors
+from sidecar.audit import AuditLog, AuditStage
+from sidecar.authorize import Authorizer, AuthorizeStage
 from sidecar.config import Config
-from sidecar.context import RequestContext
-from sidecar.errors import StatusError
-from sidecar.metrics import Metrics
-from sidecar.observe import ObserveStage, request_id_for
-from sidecar.pipeline import Handler, build_chain
-from sidecar.policy.reload import make_reloader
+from sidecar.context import RequestContext, request_id_for
+from sidecar.error_stage import ErrorStage
+from sidecar.health import Readiness, metrics_handler, probe_handler
+from sidecar.identity.credentials import CredentialWatcher
+from sidecar.identity.stage import IdentityStage, build_authenticators
+from sidecar.metrics import Metrics, MetricsStage
+from sidecar.parse_stage import ParseStage
+from sidecar.pipeline import Handler, Stage, build_chain
+from sidecar.policy.engine import DecisionCache
+from sidecar.policy.owner import OwnerLookup
+from sidecar.policy.reload import Reloader
 from sidecar.policy.store import PolicyStore
 from sidecar.proxy import Upstream
-from sidecar.quota import api as quota_api
-from sidecar.quota import stage as quota_stage
-from sidecar.ratelimit import stage as ratelimit_stage
-from sidecar.runtime import Runtime
+from sidecar.quota.api import QuotaApi, QuotaService, upstream_tenant_check
+from sidecar.quota.gauges import QuotaGauges
+from sidecar.quota.ledger import open_ledger
+from sidecar.quota.reconcile import periodic, upstream_fetch
+from sidecar.quota.stage import QuotaStage, ledger_ready
+from sidecar.ratelimit.stage import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.reviews import ReviewApi
+from sidecar.transcode import TranscodeStage
 
-RUNTIME_KEY = web.AppKey("runtime", Runtime)
+log = logging.getLogger("sidecar")
+
+# For the CLI: the `metricsListen` app serves these metrics, and a listener's own
+# readiness checks (TLS) are registered here.
+METRICS_KEY = web.AppKey("metrics", Metrics)
+READINESS_KEY = web.AppKey("readiness", Readiness)
+
 QUOTA_PREFIX = "/quota/v1"
-LOCAL_PATHS = frozenset({"/healthz", "/readyz"})
+
+Lifecycle = Callable[[web.Application], AsyncIterator[None]]
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_runtime(config: Config) -> Runtime:
-    """Everything the stages share. Raises PolicyLoadError on a broken policy."""
-    metrics = Metrics(config.metrics.max_tenant_labels)
-    store = PolicyStore([config.policies])
-    upstream = Upstream(config, metrics)
-    rt = Runtime(config=config, metrics=metrics, policy=store, upstream=upstream)
-    rt.ready_checks["upstream"] = upstream.ping
-    return rt
-
-
-def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
+def build_app(config: Config) -> web.Application:
+    """The sidecar's aiohttp app. Raises PolicyLoadError on a broken policy and
+    ConfigError on a credential file that does not load."""
     protocol_errors.install()
-    rt = rt or build_runtime(config)
-    audit = AuditLog(config.audit, rt.metrics)
-    rt.extras["audit"] = audit
-    observe = ObserveStage(rt.metrics, audit)
-    parse = parse_stage.make_stage(rt)
-    anonymous = ratelimit_stage.make_anonymous_stage(rt)
-    authenticate = identity.make_stage(rt)
-    rate_limit = ratelimit_stage.make_stage(rt)
+    metrics = Metrics(config.metrics.max_tenant_labels)
+    policy = PolicyStore([config.policies])
+    reloader = Reloader(policy, metrics, config.reload)
+    upstream = Upstream(config, metrics)
+    audit = AuditLog(config.audit, metrics)
+    ledger = open_ledger(
+        config.ledger,
+        config.quota.reservation_ttl_seconds,
+        redis_prefix=config.quota.redis_prefix,
+    )
+    limiter = RateLimiter(config.rate_limit, metrics)
+    identity = IdentityStage(build_authenticators(config.identity), config.mode)
+    credentials = CredentialWatcher(identity, config.identity)
+    gauges = QuotaGauges(
+        ledger, metrics, lambda: policy.current.quotas, config.quota.gauge_interval_seconds
+    )
+    authorizer = Authorizer(
+        DecisionCache(config.cache.decisions, metrics),
+        OwnerLookup(config.cache.owners, config.cache.owner_ttl_seconds),
+        upstream.get_json,
+        conceal=config.conceal_other_tenants,
+    )
+    quota = QuotaStage(ledger, metrics, gauges, upstream)
+    quota_api = QuotaApi(
+        QuotaService(ledger, lambda: policy.current.quotas, upstream_tenant_check(upstream)),
+        conceal=config.conceal_other_tenants,
+        cache=authorizer.cache,
+    )
 
-    main_chain = build_chain(
-        [
-            observe,
-            parse,
-            anonymous,
-            authenticate,
-            # Right after authentication: every later refusal (concealed, forbidden,
-            # owner lookup, access review) is paid for by the caller's tenant.
-            rate_limit,
-            isolation.make_stage(rt),
-            authorize.make_stage(rt),
-            quota_stage.make_stage(rt),
-        ],
-        health.metrics_terminal(rt, rt.upstream.forward),
-    )
-    quota_chain = build_chain(
-        [observe, parse, anonymous, authenticate, rate_limit], quota_api.make_api_handler(rt)
-    )
-    reloader = make_reloader(rt)
+    readiness = Readiness(metrics)
+    readiness.add("policy", reloader.ready, required=True)
+    readiness.add("upstream", upstream.ping, required=True)
+    readiness.add("ledger", lambda: ledger_ready(ledger))
+    readiness.add("ratelimit", lambda: limiter.ready(policy.current.rate_limits.describe()))
+    if credentials.files:
+        readiness.add("credentials", credentials.ready)
+
+    # The order of DESIGN §1, in one place. The tenant rate limit comes right after
+    # authentication: every later refusal (concealed, forbidden, owner lookup, access
+    # review, an undecodable body) is paid for by the caller's tenant.
+    stages: list[Stage] = [
+        MetricsStage(metrics),
+        AuditStage(audit),
+        ErrorStage(),
+        ParseStage(config.limits.max_header_bytes),
+        AnonymousRateLimitStage(limiter),
+        identity,
+        TenantRateLimitStage(limiter),
+        TranscodeStage(),
+        # Also answers the access reviews (never forwarded): they are decisions.
+        AuthorizeStage(authorizer, metrics, ReviewApi(metrics)),
+        quota,
+    ]
+
+    def chain(through: str | None, terminal: Handler) -> Route:
+        """A route handler: `stages` up to and including the one named `through`
+        (all of them for None), then `terminal`."""
+        names = [s.name for s in stages]
+        used = stages if through is None else stages[: names.index(through) + 1]
+        return _entry(config, policy, build_chain(used, terminal))
 
     app = web.Application(
         handler_args={
@@ -101,70 +148,136 @@ def build_app(config: Config, rt: Runtime | None = None) -> web.Application:
         },
         middlewares=[framing.guard],
     )
-    app[RUNTIME_KEY] = rt
-    app.router.add_route(
-        "*",
-        "/{tail:.*}",
-        _dispatcher(rt, main_chain, quota_chain),
-        expect_handler=framing.expect_handler,
+    app[METRICS_KEY] = metrics
+    app[READINESS_KEY] = readiness
+    probes = probe_handler(readiness)
+    _add_routes(
+        app,
+        [
+            ("/healthz", probes),
+            ("/readyz", probes),
+            ("/metrics", chain("authorize", metrics_handler(metrics))),
+            (QUOTA_PREFIX, chain("ratelimit", quota_api)),
+            (QUOTA_PREFIX + "/{tail:.*}", chain("ratelimit", quota_api)),
+            ("/{tail:.*}", chain(None, upstream.forward)),
+        ],
     )
 
-    async def startup(_: web.Application) -> None:
-        await audit.start()
-        for hook in rt.on_startup:
-            await hook()
-        rt.metrics.policy_info.info({"revision": rt.policy.current.revision})
-        await reloader.start()
+    async def first_policy_revision(_: web.Application) -> AsyncIterator[None]:
+        metrics.policy_info.info({"revision": policy.current.revision})
+        yield
 
-    async def cleanup(_: web.Application) -> None:
-        await reloader.stop()
-        for hook in reversed(rt.on_cleanup):
-            await hook()
-        await rt.upstream.close()
-        await audit.stop()
+    async def close_ledger(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await ledger.close()
 
-    async def shutdown(_: web.Application) -> None:
-        # Runs after the listener stops and before aiohttp waits for handlers:
-        # open watches end at once (clients re-watch elsewhere), so they never hold
-        # the shutdown for `limits.shutdownGraceSeconds`.
-        rt.upstream.close_watches()
+    async def close_upstream(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await upstream.close()
 
-    app.on_startup.append(startup)
-    app.on_shutdown.append(shutdown)
-    app.on_cleanup.append(cleanup)
+    async def close_watches(_: web.Application) -> None:
+        # Runs after the listener stops and before aiohttp waits for handlers: open
+        # watches end at once (clients re-watch elsewhere), so they never hold the
+        # shutdown for `limits.shutdownGraceSeconds`.
+        upstream.close_watches()
+
+    reconcile_every = config.quota.reconcile_interval_seconds
+    app.cleanup_ctx.extend(
+        [
+            _service(audit.start, audit.stop),
+            first_policy_revision,
+            close_ledger,
+            close_upstream,
+            _service(None, limiter.close),
+            _service(gauges.start, gauges.stop),
+            _service(None, quota.stop),
+            _background(
+                lambda: periodic(upstream_fetch(upstream), ledger, reconcile_every),
+                enabled=reconcile_every > 0,
+            ),
+            _service(credentials.start, credentials.stop),
+            _service(reloader.start, reloader.stop),
+            _on_sighup([lambda: reloader.request(force=True), credentials.request]),
+        ]
+    )
+    app.on_shutdown.append(close_watches)
     return app
 
 
-def _dispatcher(
-    rt: Runtime, main_chain: Handler, quota_chain: Handler
-) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    max_body = rt.config.limits.max_body_bytes
-    policy = rt.policy
-    readiness = health.Readiness(rt)
+def _add_routes(app: web.Application, routes: Sequence[tuple[str, Route]]) -> None:
+    """Every method on every route: the sidecar answers 405 itself, with a Status
+    body, where a method does not apply."""
+    for path, handler in routes:
+        app.router.add_route("*", path, handler, expect_handler=framing.expect_handler)
 
-    async def dispatch(request: web.Request) -> web.StreamResponse:
-        path = request.path
-        if path in LOCAL_PATHS:
-            return await _local(readiness, path, request.method)
+
+def _entry(config: Config, policy: PolicyStore, handler: Handler) -> Route:
+    """The aiohttp handler of a chain: the request's context, with the policy
+    snapshot it is decided by from start to end."""
+    max_body = config.limits.max_body_bytes
+    mode = config.mode
+
+    async def handle(request: web.Request) -> web.StreamResponse:
         ctx = RequestContext(
             request=request,
             request_id=request_id_for(request),
             policy=policy.current,
             max_body_bytes=max_body,
+            mode=mode,
         )
-        if path == QUOTA_PREFIX or path.startswith(QUOTA_PREFIX + "/"):
-            return await quota_chain(ctx)
-        return await main_chain(ctx)
+        return await handler(ctx)
 
-    return dispatch
+    return handle
 
 
-async def _local(readiness: health.Readiness, path: str, method: str) -> web.StreamResponse:
-    """`/healthz` and `/readyz`: answered here for every method, never forwarded."""
-    if method not in ("GET", "HEAD"):
-        return StatusError(
-            405, f"{path} answers GET only", headers={"Allow": "GET, HEAD"}
-        ).response()
-    if path == "/healthz":
-        return health.healthz()
-    return await readiness.response()
+def _service(
+    start: Callable[[], Awaitable[None]] | None, stop: Callable[[], Awaitable[None]]
+) -> Lifecycle:
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        if start is not None:
+            await start()
+        yield
+        await stop()
+
+    return lifecycle
+
+
+def _background(make: Callable[[], Awaitable[None]], *, enabled: bool) -> Lifecycle:
+    """A task that runs for the app's lifetime, when enabled."""
+
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        task = asyncio.ensure_future(make()) if enabled else None
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return lifecycle
+
+
+def _on_sighup(actions: Sequence[Callable[[], None]]) -> Lifecycle:
+    """The process's one SIGHUP handler while the app runs: reload everything that
+    reloads (the policy at once, without the debounce; the credential files)."""
+
+    def reload_all() -> None:
+        log.info("SIGHUP: reloading the policy and the credential files")
+        for action in actions:
+            action()
+
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, reload_all)
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            log.info("SIGHUP is not available here; files are still watched")
+            yield
+            return
+        yield
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return lifecycle
+
+
+__all__ = ["METRICS_KEY", "READINESS_KEY", "build_app"]

@@ -1,4 +1,5 @@
-"""Audit log: one JSON line per request, written off the request path.
+"""Audit log: one JSON line per request, written off the request path, and the audit
+stage that records each request.
 
 `emit(record)` only puts the record on a bounded queue (`audit.queueSize`) and
 returns; when the queue is full the record is dropped and counted in
@@ -14,11 +15,16 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
+from aiohttp import web
+
 from sidecar.config import AuditConfig
+from sidecar.context import CLIENT_CLOSED, RequestContext
 from sidecar.metrics import Metrics
+from sidecar.pipeline import Handler
 
 log = logging.getLogger("sidecar.audit")
 
@@ -130,3 +136,52 @@ def _safe_encode(record: dict[str, Any]) -> str:
         return encode(record)
     except (TypeError, ValueError) as exc:
         return encode({"auditError": f"record not serializable: {exc}"})
+
+
+class AuditStage:
+    """One audit record per request, with its final status (499 when the client went
+    away), whoever answered it."""
+
+    name = "audit"
+
+    def __init__(self, audit: AuditLog) -> None:
+        self.audit = audit
+
+    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
+        try:
+            response = await call_next(ctx)
+        except asyncio.CancelledError:
+            self.audit.emit(record_for(ctx, CLIENT_CLOSED))
+            raise
+        self.audit.emit(record_for(ctx, response.status))
+        return response
+
+
+def record_for(ctx: RequestContext, status: int) -> dict[str, Any]:
+    """The audit record of a finished request (DESIGN §9)."""
+    elapsed = time.perf_counter() - ctx.started
+    target, identity, decision, error = ctx.target, ctx.identity, ctx.decision, ctx.error
+    record: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "requestId": ctx.request_id,
+        "user": identity.user if identity else None,
+        "tenant": identity.tenant if identity else None,
+        "groups": list(identity.groups) if identity else [],
+        "method": ctx.request.method,
+        "path": ctx.request.raw_path,
+        "verb": target.verb if target else ctx.request.method.lower(),
+        "apiGroup": target.api_group if target else None,
+        "resource": target.full_resource if target else None,
+        "targetTenant": target.tenant if target else None,
+        "namespace": target.namespace if target else None,
+        "name": target.name if target else None,
+        "decision": decision.outcome if decision else "none",
+        "reason": decision.reason if decision else (error.message if error else None),
+        "revision": decision.revision if decision else ctx.policy.revision,
+        "status": status,
+        "latencyMs": round(elapsed * 1000, 3),
+        "client": ctx.request.remote,
+    }
+    if ctx.audit:
+        record.update(ctx.audit)
+    return record

@@ -9,10 +9,14 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from sidecar.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from sidecar.tls import TlsReloader
 
 log = logging.getLogger("sidecar")
 
@@ -68,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _config_error(exc)
     if config.workers > 1:
-        from sidecar.identity import build_authenticators
+        from sidecar.identity.stage import build_authenticators
 
         try:  # once here, so N workers do not print the same error N times
             build_authenticators(config.identity)
@@ -103,6 +107,7 @@ def _serve_one(config: Config, reuse_port: bool) -> int:
     from sidecar.policy.store import PolicyLoadError
 
     try:
+        tls = _load_tls(config)
         app = build_app(config)
     except PolicyLoadError as exc:
         print("sidecar: the policy does not load; nothing started:", file=sys.stderr)
@@ -112,7 +117,7 @@ def _serve_one(config: Config, reuse_port: bool) -> int:
     except ConfigError as exc:
         return _config_error(exc)
     try:
-        asyncio.run(_run(app, config, reuse_port))
+        asyncio.run(_run(app, config, reuse_port, tls))
     except ConfigError as exc:
         return _config_error(exc)
     except ListenError as exc:
@@ -131,25 +136,61 @@ async def _start_site(site: web.TCPSite, address: str) -> None:
         raise ListenError(address, exc.strerror or str(exc)) from None
 
 
-async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
-    from sidecar.app import RUNTIME_KEY
+def _load_tls(config: Config) -> TlsReloader | None:
+    """The listener's TLS when `tls.certFile` and `tls.keyFile` are set; a file that
+    cannot be read or loaded is a ConfigError naming its key."""
+    from sidecar.tls import TlsReloader
+
+    return TlsReloader(config.tls) if config.tls.cert_file else None
+
+
+async def _run(
+    app: web.Application, config: Config, reuse_port: bool, tls: TlsReloader | None = None
+) -> None:
+    from sidecar.app import METRICS_KEY, READINESS_KEY
     from sidecar.health import build_metrics_app
     from sidecar.redact import redact_url
+    from sidecar.tls import TlsSite
 
     host, port = config.listen_host_port
     grace = config.limits.shutdown_grace_seconds
     runners: list[web.AppRunner] = []  # those set up, to clean up
+    if tls is not None:
+        reloader = tls
+
+        async def tls_ready() -> tuple[bool, str]:
+            return reloader.ready()
+
+        # A failed reload shows in /readyz but never makes it 503: the old cert serves.
+        app[READINESS_KEY].add("tls", tls_ready)
     try:
         main = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
         await main.setup()
         runners.append(main)
-        site = web.TCPSite(main, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None)
+        site: web.TCPSite
+        if tls is None:
+            site = web.TCPSite(
+                main, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None
+            )
+        else:
+            site = TlsSite(
+                main,
+                host,
+                port,
+                context=tls.context,
+                handshake_timeout=config.limits.header_timeout,
+                shutdown_timeout=grace,
+                reuse_port=reuse_port or None,
+            )
         await _start_site(site, config.listen)
+        if tls is not None:
+            await tls.start()
         if config.metrics_listen:
-            # /metrics without credentials for a scraper, on its own address (§9).
+            # /metrics without credentials for a scraper, on its own address (§9);
+            # always plain HTTP, also when the main listener serves TLS.
             mhost, _, mport = config.metrics_listen.rpartition(":")
             scrape = web.AppRunner(
-                build_metrics_app(app[RUNTIME_KEY]), handle_signals=False, access_log=None
+                build_metrics_app(app[METRICS_KEY]), handle_signals=False, access_log=None
             )
             await scrape.setup()
             runners.append(scrape)
@@ -162,10 +203,18 @@ async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("sidecar listening on %s:%d, upstream %s", host, port, redact_url(config.upstream))
+        log.info(
+            "sidecar listening on %s://%s:%d, upstream %s",
+            "https" if tls else "http",
+            host,
+            port,
+            redact_url(config.upstream),
+        )
         await stop.wait()
         log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
     finally:
+        if tls is not None:
+            await tls.stop()
         # Stops accepting, waits for in-flight handlers up to the grace period, then closes.
         for runner in reversed(runners):
             await runner.cleanup()
@@ -173,6 +222,19 @@ async def _run(app: web.Application, config: Config, reuse_port: bool) -> None:
 
 def _serve_workers(config: Config) -> int:
     """Fork `workers` processes that share the listening port through SO_REUSEPORT."""
+    try:  # once here, so N workers do not print the same error N times
+        _load_tls(config)
+    except ConfigError as exc:
+        return _config_error(exc)
+    import shutil
+    import tempfile
+
+    from sidecar.metrics import enable_multiprocess, process_exited
+
+    # Before forking: every worker's metrics go to this run's directory, and /metrics
+    # sums them (DESIGN §9).
+    metrics_dir = tempfile.mkdtemp(prefix="sidecar-metrics-")
+    enable_multiprocess(metrics_dir)
     children: list[int] = []
     for _ in range(config.workers):
         pid = os.fork()
@@ -196,7 +258,9 @@ def _serve_workers(config: Config) -> int:
     worst = 0
     for child in children:
         _, status = os.waitpid(child, 0)
+        process_exited(child)
         worst = max(worst, os.waitstatus_to_exitcode(status))
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     return worst
 
 

@@ -2,13 +2,21 @@
 
 Each stage reads what earlier stages filled in and adds its own part; only the
 fields here cross stage boundaries. `policy` is the policy snapshot taken when the
-request started, so a reload mid-request never mixes two policies.
+request started, so a reload mid-request never mixes two policies. Facts several
+stages need are computed once and kept here: the target with the caller's tenant
+resolved and the caller's mode (both set by the identity stage), the parsed JSON body
+(`read_json`), and the outcome (`status`, `error`) the errors stage records for the
+metrics and audit stages.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +33,35 @@ if TYPE_CHECKING:
 
 
 _UNSET: Any = object()
+
+# The status recorded for a request whose client went away before the answer.
+CLIENT_CLOSED = 499
+ENFORCE = "enforce"
+DRY_RUN = "dry-run"
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# New request ids: a random per-process prefix and a counter (uuid4 per request costs
+# a getrandom() call on the hot path). 32 hex characters, unique across processes.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_id_counter = itertools.count(1)
+
+
+def _new_prefix_in_child() -> None:
+    # `--workers N` forks after this module is imported: each worker its own prefix.
+    global _ID_PREFIX, _id_counter
+    _ID_PREFIX = uuid.uuid4().hex[:16]
+    _id_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_prefix_in_child)
+
+
+def request_id_for(request: web.BaseRequest) -> str:
+    """The client's X-Request-Id when it is a sane token, else a new one."""
+    given = request.headers.get("X-Request-Id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +85,9 @@ class RequestContext:
     request_id: str
     policy: PolicyBundle
     max_body_bytes: int
+    # "enforce" or "dry-run": the global mode until the identity stage knows the
+    # caller's tenant, then the mode in force for that tenant (DESIGN §5).
+    mode: str = ENFORCE
     started: float = field(default_factory=time.perf_counter)
     target: RequestTarget | None = None
     identity: Identity | None = None
@@ -62,14 +102,22 @@ class RequestContext:
     response_filter: Callable[[int, bytes], bytes] | None = None
     # Headers added to the response, whether it is forwarded or an error.
     response_headers: dict[str, str] = field(default_factory=dict)
-    # Tenant used for metrics/audit labels (the caller's, once known).
-    tenant_label: str = ""
     # Per-stage notes for the audit line (e.g. {"ratelimit": "allowed"}).
     audit: dict[str, Any] = field(default_factory=dict)
     # Set when the response's status is known (forwarded or local).
     status: int = 0
+    # The error answered instead of a response (set by the errors stage), for audit.
+    error: StatusError | None = None
+    # Set by a stage that must read the upstream's answer (the quota stage records the
+    # created object): the proxy then reads it to its end (502 when cut short) and
+    # returns a `web.Response` whose `body` holds it.
+    read_whole_answer: bool = False
     # The body parsed as JSON by `read_json` (`_UNSET` until then).
     parsed_body: Any = _UNSET
+
+    @property
+    def dry_run(self) -> bool:
+        return self.mode == DRY_RUN
 
     async def read_body(self) -> bytes:
         """Read the whole request body, refusing more than `max_body_bytes` with 413.

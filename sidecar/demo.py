@@ -1,17 +1,25 @@
 """`sidecar demo`: the backing store and the sidecar on free local ports, with the
 shipped `policies/`, demo credentials and seed data, until Ctrl-C.
 
-Everything the demo writes (token file, config, SQLite files, logs) lives in one
-temporary directory that is removed when the demo stops.
+The sidecar serves HTTPS with a certificate for 127.0.0.1/localhost signed by a CA the
+demo generates (`Authority`, also used by the tests); each demo user gets a kubeconfig
+(the CA, the user's token, one context), and the banner prints `curl` and `kubectl`
+lines for them. Everything the demo writes (CA, certificate, kubeconfigs, token file,
+config, SQLite files, logs) lives in one temporary directory that is removed when the
+demo stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import datetime
+import ipaddress
 import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Demo credentials: static tokens (identity.tokenFile). The groups match the
 # bindings in the shipped policies/: alice administers acme and owns its nodes,
@@ -58,6 +70,11 @@ SEED: list[tuple[str, str, dict[str, Any]]] = [
     ),
     (
         "POST",
+        "/api/v1/tenants/acme/namespaces/default/configmaps",
+        {"metadata": {"name": "settings"}, "data": {"color": "blue"}},
+    ),
+    (
+        "POST",
         "/api/v1/nodes",
         {"metadata": {"name": "node-a1"}, "spec": {"owner": "acme", "resource_class": "bm-small"}},
     ),
@@ -79,6 +96,144 @@ SEED: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+CLUSTER = "sidecar-demo"
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+class Authority:
+    """A certificate authority made on the spot: the demo's, and the tests'."""
+
+    def __init__(self, common_name: str = "sidecar demo CA") -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.name = _name(common_name)
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(self.name)
+            .issuer_name(self.name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(
+        self, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"), serial: int | None = None
+    ) -> tuple[bytes, bytes]:
+        """A server certificate for `hosts` (IP addresses or DNS names) and its key, PEM."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(hosts[0]))
+            .issuer_name(self.name)
+            .public_key(key.public_key())
+            .serial_number(serial or x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def kubeconfig(server: str, ca_pem: bytes, user: str, token: str, namespace: str | None) -> str:
+    """A kubeconfig with one context: `server` trusted through `ca_pem`, `token` as
+    the bearer token, and `namespace` as the context's namespace when given."""
+    context: dict[str, Any] = {"cluster": CLUSTER, "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": CLUSTER,
+                    "cluster": {
+                        "server": server,
+                        "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": f"{user}@{CLUSTER}", "context": context}],
+            "current-context": f"{user}@{CLUSTER}",
+        },
+        sort_keys=False,
+    )
+
+
+def _write_tls(work: Path) -> tuple[Path, Path, Path]:
+    """The demo's CA and the sidecar's certificate and key, in `work`."""
+    authority = Authority()
+    cert, key = authority.issue()
+    paths = work / "ca.crt", work / "tls.crt", work / "tls.key"
+    for path, data in zip(paths, (authority.cert_pem, cert, key), strict=True):
+        path.write_bytes(data)
+    paths[2].chmod(0o600)
+    return paths
+
+
+def _write_kubeconfigs(work: Path, base: str, ca_pem: bytes) -> dict[str, Path]:
+    """One kubeconfig per demo user; tenant users' contexts name namespace `default`."""
+    out: dict[str, Path] = {}
+    for entry in DEMO_TOKENS:
+        user = str(entry["user"])
+        namespace = None if entry["tenant"] == "system" else "default"
+        path = work / f"{user}.kubeconfig"
+        path.write_text(kubeconfig(base, ca_pem, user, str(entry["token"]), namespace))
+        path.chmod(0o600)
+        out[user] = path
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     policies = Path(args.policies or "policies").resolve()
     if not policies.is_dir():
@@ -89,8 +244,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         store_port, sidecar_port = _free_port(), _free_port()
         (work / "tokens.yaml").write_text(yaml.safe_dump(DEMO_TOKENS))
+        ca_file, cert_file, key_file = _write_tls(work)
         config = {
             "listen": f"127.0.0.1:{sidecar_port}",
+            "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
             "upstream": f"http://127.0.0.1:{store_port}",
             "policies": str(policies),
             "identity": {"tokenFile": str(work / "tokens.yaml")},
@@ -128,13 +285,15 @@ def run(args: argparse.Namespace) -> int:
                 work / "sidecar.log",
             )
         )
-        base = f"http://127.0.0.1:{sidecar_port}"
-        _wait(f"{base}/healthz", procs[-1], work / "sidecar.log")
+        base = f"https://127.0.0.1:{sidecar_port}"
+        trust = ssl.create_default_context(cafile=str(ca_file))
+        _wait(f"{base}/healthz", procs[-1], work / "sidecar.log", trust)
         for method, path, body in SEED:
-            status = _call(base, method, path, body, "demo-admin")
+            status = _call(base, trust, method, path, body, "demo-admin")
             if status >= 300 and status != 409:
                 print(f"sidecar demo: seeding {method} {path} answered {status}", file=sys.stderr)
-        _print_banner(base, work)
+        kubeconfigs = _write_kubeconfigs(work, base, ca_file.read_bytes())
+        _print_banner(base, work, ca_file, kubeconfigs)
         _wait_for_stop(args.seconds, procs)
         return 0
     finally:
@@ -144,39 +303,58 @@ def run(args: argparse.Namespace) -> int:
         print("demo stopped: backing store and sidecar are down, temporary files removed.")
 
 
-def _print_banner(base: str, work: Path) -> None:
-    alice = "-H 'Authorization: Bearer demo-alice'"
-    dave = "-H 'Authorization: Bearer demo-dave'"
-    admin = "-H 'Authorization: Bearer demo-admin'"
+def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, Path]) -> None:
+    curl = f"curl -s --cacert {ca_file}"
+    alice = f"{curl} -H 'Authorization: Bearer demo-alice'"
+    dave = f"{curl} -H 'Authorization: Bearer demo-dave'"
+    admin = f"{curl} -H 'Authorization: Bearer demo-admin'"
     servers = "/apis/compute/v1/tenants/{t}/namespaces/default/servers"
+    k_alice, k_dave, k_admin = (
+        f"kubectl --kubeconfig {kubeconfigs[user]}" for user in ("alice", "dave", "admin")
+    )
     lines = [
         "",
         f"sidecar demo: sidecar on {base} (files in {work}). Try:",
         "",
         "# alice (tenant acme) lists her servers, and those tagged prod:",
-        f"curl -s {alice} {base}{servers.format(t='acme')}",
-        f"curl -s {alice} '{base}{servers.format(t='acme')}?tags=prod'",
+        f"{alice} {base}{servers.format(t='acme')}",
+        f"{alice} '{base}{servers.format(t='acme')}?tags=prod'",
         "# alice creates a server (counted against acme's quota):",
-        f"curl -s {alice} -X POST -H 'Content-Type: application/json' "
+        f"{alice} -X POST -H 'Content-Type: application/json' "
         f'-d \'{{"metadata":{{"name":"web-2"}},"tags":["new"]}}\' '
         f"{base}{servers.format(t='acme')}",
         "# alice tries tenant beta: 404, exactly as if beta did not exist:",
-        f"curl -s {alice} {base}{servers.format(t='beta')}",
+        f"{alice} {base}{servers.format(t='beta')}",
         "# alice lists nodes: only the ones acme owns (owner rule):",
-        f"curl -s {alice} {base}/api/v1/nodes",
+        f"{alice} {base}/api/v1/nodes",
         "# alice reads acme's quota:",
-        f"curl -s {alice} {base}/quota/v1/tenants/acme",
+        f"{alice} {base}/quota/v1/tenants/acme",
         "# dave (tenant beta) with the short path (his own tenant):",
-        f"curl -s {dave} {base}/apis/compute/v1/namespaces/default/servers",
+        f"{dave} {base}/apis/compute/v1/namespaces/default/servers",
         "# the cluster admin sees every tenant's servers and every node:",
-        f"curl -s {admin} {base}/apis/compute/v1/servers",
-        f"curl -s {admin} {base}/api/v1/nodes",
-        f"curl -s {admin} {base}/quota/v1/quotas",
+        f"{admin} {base}/apis/compute/v1/servers",
+        f"{admin} {base}/api/v1/nodes",
+        f"{admin} {base}/quota/v1/quotas",
         "# no credentials: 401",
-        f"curl -s {base}/api/v1/nodes",
+        f"{curl} {base}/api/v1/nodes",
         "# readiness needs no credentials; metrics name every tenant (operators only):",
-        f"curl -s {base}/readyz",
-        f"curl -s {admin} {base}/metrics | grep sidecar_requests_total",
+        f"{curl} {base}/readyz",
+        f"{admin} {base}/metrics | grep sidecar_requests_total",
+        "",
+        "# kubectl: one kubeconfig per user (the demo's CA, the user's token, one context).",
+        "# Short paths are the caller's own tenant: alice's namespace 'default' is acme's.",
+        f"{k_alice} get configmaps",
+        f"{k_alice} get servers",
+        f"{k_alice} create configmap web --from-literal=color=green",
+        "# what alice may do: create configmaps in acme (yes), create tenants (no), all of it:",
+        f"{k_alice} auth can-i create configmaps",
+        f"{k_alice} auth can-i create tenants",
+        f"{k_alice} auth can-i --list",
+        f"{k_alice} auth whoami",
+        "# dave sees beta's servers only; the cluster admin every node:",
+        f"{k_dave} get servers",
+        f"{k_admin} get nodes",
+        f"{k_admin} auth whoami",
         "",
         "Press Ctrl-C to stop.",
     ]
@@ -201,7 +379,7 @@ def _wait_for_stop(seconds: float, procs: list[subprocess.Popen[bytes]]) -> None
         stop.wait(0.2)
 
 
-def _call(base: str, method: str, path: str, body: Any, token: str) -> int:
+def _call(base: str, trust: ssl.SSLContext, method: str, path: str, body: Any, token: str) -> int:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
         base + path,
@@ -210,7 +388,7 @@ def _call(base: str, method: str, path: str, body: Any, token: str) -> int:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=trust) as response:
             status: int = response.status
             return status
     except urllib.error.HTTPError as exc:
@@ -229,13 +407,19 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 20.0) -> None:
+def _wait(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    trust: ssl.SSLContext | None = None,
+    timeout: float = 20.0,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"sidecar demo: {proc.args!r} exited:\n{log.read_text()}")
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=trust):
                 return
         except urllib.error.HTTPError:
             return

@@ -2,16 +2,20 @@
 
 Any stage raises `StatusError`; the outermost stage turns it into a response. The
 backing store uses the same helpers so that a concealed tenant's 404 is byte-for-byte
-the body a tenant that does not exist gets.
+the body a tenant that does not exist gets. `forbidden_message` is the one wording of
+a policy refusal (the 403 body, `policy explain`, access reviews and the audit log).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from sidecar.target import RequestTarget
 
 REASONS: dict[int, str] = {
     400: "BadRequest",
@@ -101,3 +105,23 @@ def not_found(resource: str, name: str) -> StatusError:
 def tenant_not_found(tenant: str) -> StatusError:
     """The 404 for a tenant that does not exist, and for one the caller may not see."""
     return not_found("tenants", tenant)
+
+
+def forbidden_message(user: str, tenant: str, target: RequestTarget) -> str:
+    """Who may not do what, where: Kubernetes' wording, with the caller's tenant."""
+    who = f'User "{user}" of tenant "{tenant}"'
+    if not target.resource_request:
+        return f'forbidden: {who} cannot {target.verb} path "{target.path}"'
+    res = target.full_resource
+    what = f'{res} "{target.name}"' if target.name else res
+    where = ""
+    if target.namespace:
+        where = f' in the namespace "{target.namespace}" of tenant "{target.tenant}"'
+    elif target.scope == "tenant":
+        where = f' in tenant "{target.tenant}"'
+    elif target.scope == "cluster":
+        where = " at the cluster scope"
+    return (
+        f"{what} is forbidden: {who} cannot {target.verb} resource "
+        f'"{res}" in API group "{target.api_group}"{where}'
+    )

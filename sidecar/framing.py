@@ -15,6 +15,9 @@ enforce by itself:
 
 The rest of the framing rules live where they apply: `handler_args` in `app.py`
 (bodies are never decompressed, the header timeout), `proxy.py` (what is forwarded).
+
+`request.writer` and `request.protocol.force_close()` are aiohttp internals (aiohttp
+is pinned; tests/test_dependency_contracts.py checks both).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """The sidecar's own endpoints: `/healthz`, `/readyz` and `/metrics` (DESIGN §9).
 
 `/healthz` and `/readyz` need no credentials, never pass the rate limiter and are
-never forwarded. `/readyz` is 503 only when the sidecar cannot serve at all (a
-`REQUIRED` check fails: no policy, upstream unreachable); any other failing check (the
-quota ledger, the global rate-limit tier, a credential file) shows in the details and
-keeps it 200. Details never carry a password or a file path (`public_detail`), and the
-checks run at most once per `READY_CACHE_SECONDS` however often anonymous clients ask,
-so probing `/readyz` cannot load the upstream, Redis or the ledger.
+never forwarded. `/readyz` runs the checks registered with `Readiness.add` (in
+`app.py`, explicitly): it is 503 only when a `required` check fails (no policy,
+upstream unreachable); any other failing check (the quota ledger, the global
+rate-limit tier, a credential file) shows in the details and keeps it 200. Details
+never carry a password or a file path (`public_detail`), and the checks run at most
+once per `READY_CACHE_SECONDS` however often anonymous clients ask, so probing
+`/readyz` cannot load the upstream, Redis or the ledger.
 
-`/metrics` names tenants: on the main listener it goes through the whole pipeline like
-any non-resource URL and `metrics_terminal` answers it instead of the upstream; the
-optional `metricsListen` address serves it without credentials (`build_metrics_app`).
+`/metrics` names tenants: on the main listener its route goes through the pipeline
+like any non-resource URL and `metrics_handler` answers it once authorization has
+allowed it; the optional `metricsListen` address serves it without credentials
+(`build_metrics_app`).
 """
 
 from __future__ import annotations
@@ -19,34 +21,47 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError, forbidden
+from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler
 from sidecar.redact import public_detail
-from sidecar.runtime import Runtime
 
 log = logging.getLogger("sidecar")
 
 METRICS_PATH = "/metrics"
-# Without these the sidecar cannot serve any request.
-REQUIRED = frozenset({"policy", "upstream"})
 READY_CACHE_SECONDS = 0.5
 
+# A readiness probe: (ok, detail). The detail is shown on /readyz after redaction.
+Probe = Callable[[], Awaitable[tuple[bool, str]]]
 
-def healthz() -> web.Response:
-    return web.json_response({"status": "ok"})
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    name: str
+    probe: Probe
+    # Without it the sidecar cannot serve any request: a failure makes /readyz 503.
+    required: bool
 
 
 class Readiness:
-    """Runs the runtime's ready checks, single-flight, reusing a fresh result."""
+    """The registered checks, run single-flight, reusing a fresh result."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.checks: list[ReadyCheck] = []
         self._result: tuple[float, int, bytes] | None = None
         self._running: asyncio.Task[tuple[int, bytes]] | None = None
+
+    def add(self, name: str, probe: Probe, *, required: bool = False) -> None:
+        if any(c.name == name for c in self.checks):
+            raise ValueError(f"readiness check {name!r} registered twice")
+        self.checks.append(ReadyCheck(name, probe, required))
 
     async def response(self) -> web.Response:
         status, body = await self._get()
@@ -62,23 +77,21 @@ class Readiness:
         return await asyncio.shield(self._running)
 
     async def _evaluate(self) -> tuple[int, bytes]:
-        rt = self.rt
-        results: dict[str, tuple[bool, str]] = {
-            "policy": (True, f"revision {rt.policy.current.revision}")
-        }
-        for name, check in list(rt.ready_checks.items()):
+        results: dict[str, tuple[bool, str]] = {}
+        for check in self.checks:
             try:
-                results[name] = await check()
+                results[check.name] = await check.probe()
             except Exception:  # a readiness probe must answer, whatever broke
-                log.exception("readiness check %s failed", name)
-                results[name] = (False, "the check failed (see the log)")
+                log.exception("readiness check %s failed", check.name)
+                results[check.name] = (False, "the check failed (see the log)")
+        required = {c.name for c in self.checks if c.required}
         checks = {
-            name: {"ok": ok, "required": name in REQUIRED, "detail": public_detail(detail)}
+            name: {"ok": ok, "required": name in required, "detail": public_detail(detail)}
             for name, (ok, detail) in results.items()
         }
         for name, (ok, _) in results.items():
-            rt.metrics.ready_check.labels(name).set(1 if ok else 0)
-        ready = all(ok for name, (ok, _) in results.items() if name in REQUIRED)
+            self.metrics.ready_check.labels(name).set(1 if ok else 0)
+        ready = all(ok for name, (ok, _) in results.items() if name in required)
         degraded = sorted(name for name, (ok, _) in results.items() if not ok)
         body = json.dumps({"ready": ready, "degraded": degraded, "checks": checks}).encode()
         status = 200 if ready else 503
@@ -86,45 +99,56 @@ class Readiness:
         return status, body
 
 
-def metrics_response(rt: Runtime, method: str) -> web.Response:
+def _get_only(method: str, path: str) -> None:
     if method not in ("GET", "HEAD"):
-        raise StatusError(405, f"{METRICS_PATH} answers GET only", headers={"Allow": "GET, HEAD"})
-    return web.Response(body=rt.metrics.render(), content_type="text/plain", charset="utf-8")
+        raise StatusError(405, f"{path} answers GET only", headers={"Allow": "GET, HEAD"})
 
 
-def is_metrics(ctx: RequestContext) -> bool:
-    target = ctx.target
-    return target is not None and not target.resource_request and target.path == METRICS_PATH
+def probe_handler(readiness: Readiness) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """`/healthz` and `/readyz`: answered for every method, never forwarded."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            _get_only(request.method, request.path)
+        except StatusError as exc:
+            return exc.response()
+        if request.path == "/healthz":
+            return web.json_response({"status": "ok"})
+        return await readiness.response()
+
+    return handle
 
 
-def metrics_terminal(rt: Runtime, forward: Handler) -> Handler:
-    """The main chain's terminal: `/metrics` is answered here, after identity, rate
-    limit and authorization decided it like any non-resource URL; everything else is
-    forwarded. `/metrics` never reaches the upstream, whatever the method."""
+def metrics_response(metrics: Metrics, method: str) -> web.Response:
+    _get_only(method, METRICS_PATH)
+    return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+def metrics_handler(metrics: Metrics) -> Handler:
+    """The terminal of the `/metrics` route: answered only when authorization allowed
+    it like any non-resource URL; never forwarded, whatever the method."""
 
     async def terminal(ctx: RequestContext) -> web.StreamResponse:
-        if is_metrics(ctx):
-            # Dry-run lets a would-deny through to the upstream; never to the metrics,
-            # which name every tenant (the same reason isolation is never dry-run).
-            if ctx.decision is None or not ctx.decision.allowed:
-                raise forbidden(
-                    f"{METRICS_PATH} needs a grant of nonResourceURLs "
-                    f"[{METRICS_PATH}], verb get (dry-run does not apply)"
-                )
-            return metrics_response(rt, ctx.request.method)
-        return await forward(ctx)
+        # Dry-run lets a would-deny through to the upstream; never to the metrics,
+        # which name every tenant (the same reason isolation is never dry-run).
+        if ctx.decision is None or not ctx.decision.allowed:
+            raise forbidden(
+                f"{METRICS_PATH} needs a grant of nonResourceURLs "
+                f"[{METRICS_PATH}], verb get (dry-run does not apply)"
+            )
+        return metrics_response(metrics, ctx.request.method)
 
     return terminal
 
 
-def build_metrics_app(rt: Runtime) -> web.Application:
+def build_metrics_app(metrics: Metrics) -> web.Application:
     """The `metricsListen` listener: `/metrics` without credentials, nothing else."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             if request.path != METRICS_PATH:
                 raise StatusError(404, f"this listener serves {METRICS_PATH} only")
-            return metrics_response(rt, request.method)
+            return metrics_response(metrics, request.method)
         except StatusError as exc:
             return exc.response()
 

@@ -1,30 +1,46 @@
-"""Hard tenant isolation (DESIGN §5): runs after identity, before any policy decision.
+"""Hard tenant isolation (DESIGN §5): the one rule for 404 versus 403.
 
-A request that leaves the caller's tenant, i.e. names another tenant, or addresses the
-cluster level (a cluster-scoped resource or a list across all tenants), goes on only
-when the policy engine says a binding in force for the caller could reach it
-(`engine.can_reach`). Otherwise the caller learns nothing: 404 with exactly the body a
-tenant that does not exist gets (or the resource's NotFound at cluster level), and
-with `concealOtherTenants: false` a plain 403. Such a request never reaches the
-upstream.
+`policy.decide.decide` calls these two functions; nothing else decides how a refusal
+is answered, so the running sidecar, `policy explain`, `policy test`, access reviews
+and the quota API cannot disagree.
+
+- `outside_caller_tenant`: the target names another tenant, or addresses the cluster
+  level (a cluster-scoped resource or a list across all tenants). Such a request goes
+  on only when a binding in force for the caller could reach it (`engine.can_reach`:
+  ClusterRoleBindings, and a tenant's owner rules for cluster-scoped objects);
+  otherwise it is refused by isolation and the caller learns nothing.
+- `refusal`: how a refused request is answered.
+  * A target in the caller's own tenant (its namespaces, and its own Tenant object
+    `/api/v1/tenants/{own}` or its own quota): 403, the caller knows its tenant exists.
+  * With concealment on (`concealOtherTenants`, the default): a target in another
+    tenant that isolation refused gets exactly the 404 of a tenant that does not
+    exist; a cluster-level target refused to a tenant user gets the resource's 404
+    (`nodes "n1" not found`), whatever the reason, so a tenant cannot tell a node it
+    may not touch from one that does not exist.
+  * Users of the `system` tenant are operators: a cluster-level refusal is an honest
+    403 for them (they know what exists). A target in another tenant is concealed
+    from them like from anyone (§5 names no exception).
+  * The sidecar's own quota API (`quota.sidecar`) hides nothing at cluster level
+    (its URLs are documented and hold no tenant's objects): 403 there, except for a
+    target naming another tenant.
+  * Everything else, and everything with concealment off: 403.
 
 Whatever the policy, a tenant user's request never returns an object stored under
-another tenant: a target in another tenant, or a list of a namespaced or tenant-scoped
-resource across all tenants (`/api/v1/pods`), is reachable through a
-ClusterRoleBinding only; a tenant's own bindings reach the cluster level only for
-cluster-scoped objects it owns (owner rules; `policy/scopes.py` knows which resources
-are cluster-scoped, and `engine.request_vector` applies it to every decision).
+another tenant: `engine.request_vector` gives a tenant's own bindings no domain
+outside that tenant except cluster-scoped objects through owner rules.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
-
-from sidecar.context import Identity, RequestContext
-from sidecar.errors import StatusError, forbidden, not_found, tenant_not_found
-from sidecar.pipeline import Handler, Stage
-from sidecar.runtime import Runtime
+from sidecar.context import Identity
+from sidecar.errors import StatusError, forbidden, forbidden_message, not_found, tenant_not_found
 from sidecar.target import RequestTarget, Scope
+
+# The sidecar's own quota API, authorized as this group's cluster-scoped `quotas`. Its
+# URLs are documented and hold no tenant's objects at cluster level, so a refusal there
+# is never concealed (only a target naming another tenant is).
+QUOTA_GROUP = "quota.sidecar"
+UNCONCEALED_GROUPS: frozenset[str] = frozenset({QUOTA_GROUP})
 
 
 def outside_caller_tenant(identity: Identity, target: RequestTarget) -> bool:
@@ -36,41 +52,29 @@ def outside_caller_tenant(identity: Identity, target: RequestTarget) -> bool:
     return target.scope == Scope.CLUSTER
 
 
-def refusal(identity: Identity, target: RequestTarget, conceal: bool) -> StatusError:
-    """The error for a target the caller may not reach."""
-    if conceal:
-        if target.tenant is not None:
+def refusal(
+    identity: Identity, target: RequestTarget, *, conceal: bool, isolated: bool
+) -> StatusError:
+    """The answer to a refused request: 404 (concealed) or 403. `isolated`: refused
+    because no binding in force reaches the target at all."""
+    if not target.resource_request:
+        return forbidden(forbidden_message(identity.user, identity.tenant, target))
+    own_tenant = target.tenant == identity.tenant
+    cluster = target.scope == Scope.CLUSTER
+    operator_at_cluster = cluster and identity.is_operator
+    if conceal and not own_tenant and not operator_at_cluster:
+        if target.tenant is not None and (isolated or cluster):
             return tenant_not_found(target.tenant)
-        return not_found(target.full_resource, target.name)
-    if target.tenant is not None:
-        return forbidden(
-            f'user "{identity.user}" of tenant "{identity.tenant}" cannot access '
-            f'tenant "{target.tenant}"'
-        )
+        if target.tenant is None and cluster and target.api_group not in UNCONCEALED_GROUPS:
+            return not_found(target.resource, target.name)
+    if isolated and not own_tenant:
+        return forbidden(isolation_message(identity, target))
+    return forbidden(forbidden_message(identity.user, identity.tenant, target))
+
+
+def isolation_message(identity: Identity, target: RequestTarget) -> str:
+    who = f'user "{identity.user}" of tenant "{identity.tenant}"'
+    if target.tenant is not None and target.tenant != identity.tenant:
+        return f'{who} cannot access tenant "{target.tenant}"'
     what = f'{target.full_resource} "{target.name}"' if target.name else target.full_resource
-    return forbidden(
-        f'user "{identity.user}" of tenant "{identity.tenant}" cannot access the '
-        f"cluster-scoped {what}"
-    )
-
-
-class IsolationStage:
-    name = "isolation"
-
-    def __init__(self, conceal: bool) -> None:
-        self.conceal = conceal
-
-    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
-        identity, target = ctx.identity, ctx.target
-        if identity is None or target is None:
-            raise StatusError(500, "the isolation stage ran before identity/parse")
-        if outside_caller_tenant(identity, target):
-            if not ctx.policy.engine.can_reach(identity, target):
-                ctx.audit["isolation"] = "concealed" if self.conceal else "forbidden"
-                raise refusal(identity, target, self.conceal)
-            ctx.audit["isolation"] = "cross-tenant-granted"
-        return await call_next(ctx)
-
-
-def make_stage(rt: Runtime) -> Stage:
-    return IsolationStage(rt.config.conceal_other_tenants)
+    return f"{who} cannot access the cluster-scoped {what}"

@@ -6,8 +6,7 @@ from aiohttp import web
 
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError
-from sidecar.pipeline import Handler, Stage
-from sidecar.runtime import Runtime
+from sidecar.pipeline import Handler
 from sidecar.target import TargetError, parse_target
 
 
@@ -33,7 +32,3 @@ class ParseStage:
         except TargetError as exc:
             raise StatusError(exc.code, exc.message) from None
         return await call_next(ctx)
-
-
-def make_stage(rt: Runtime) -> Stage:
-    return ParseStage(rt.config.limits.max_header_bytes)

@@ -6,6 +6,11 @@ with a full traceback; this wraps it so clients get a Kubernetes `Status` like e
 other sidecar error, and the log gets one line per malformed request, at most one a
 second per process (with a count of the ones left out): anyone can send malformed
 requests, unauthenticated, so they must not be able to flood the log.
+
+aiohttp offers no hook for these answers, so `install()` replaces a method of its
+`RequestHandler` for the whole process. That is an aiohttp internal: aiohttp is pinned
+below its next minor release, and tests/test_dependency_contracts.py fails if the
+method's signature or the way parser errors reach it changes.
 """
 
 from __future__ import annotations

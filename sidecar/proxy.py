@@ -177,12 +177,14 @@ class Upstream:
                     raise StatusError(413, f"the request body is larger than {limit} bytes")
                 headers["Content-Length"] = str(length)
             data = _stream_body(request, limit, body_state)
-        if ctx.response_filter is not None:
+        # An answer a stage must read (filtered lists, recorded creates) is read whole.
+        whole = ctx.response_filter is not None or ctx.read_whole_answer
+        if whole:
             headers["Accept-Encoding"] = "identity"
         watching = ctx.target is not None and ctx.target.verb == "watch"
         # A small fixed-length answer is read whole under the same timeout as the headers
         # and sent in one write; anything else streams.
-        small_ok = not watching and ctx.response_filter is None and request.method != "HEAD"
+        small_ok = not watching and not whole and request.method != "HEAD"
         body: bytes | None = None
         try:
             async with asyncio.timeout(None if watching else self.read_timeout):
@@ -219,7 +221,7 @@ class Upstream:
             upstream.release()
             return _whole_response(ctx, upstream, body)
         try:
-            if ctx.response_filter is not None:
+            if whole:
                 return await self._filtered(ctx, upstream)
             return await self._stream_back(ctx, upstream, watching)
         finally:
@@ -270,9 +272,10 @@ class Upstream:
     async def _filtered(
         self, ctx: RequestContext, upstream: aiohttp.ClientResponse
     ) -> web.StreamResponse:
-        assert ctx.response_filter is not None
         raw = await self._read_whole(upstream)
-        return _whole_response(ctx, upstream, ctx.response_filter(upstream.status, raw))
+        if ctx.response_filter is not None:
+            raw = ctx.response_filter(upstream.status, raw)
+        return _whole_response(ctx, upstream, raw)
 
     async def _read_whole(self, upstream: aiohttp.ClientResponse) -> bytes:
         """An upstream answer the sidecar must read (DESIGN §8): every byte up to its

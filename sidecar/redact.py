@@ -64,3 +64,14 @@ def public_detail(text: str) -> str:
         return "<path>" + found[len(found) - tail :] if tail else "<path>"
 
     return _PATH.sub(path, redact_text(text))
+
+
+def policy_file_names(text: str) -> str:
+    """An explanation for a caller: each file path becomes its file name (`10-admin.yaml:11`
+    stays readable; where the server keeps its policy directory is not the caller's)."""
+
+    def name(match: re.Match[str]) -> str:
+        found = match[0]
+        return found.rsplit("/", 1)[-1] or found
+
+    return _PATH.sub(name, text)

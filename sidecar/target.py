@@ -2,7 +2,17 @@
 
 Owns the URL grammar of DESIGN §3 and nothing else: no identity, no policy. A short
 path (`/api/v1/namespaces/dev/pods`) parses with `tenant=None, short_path=True`;
-`RequestTarget.resolve_tenant` fills the tenant once the caller is known.
+`RequestTarget.resolve_tenant` fills the tenant once the caller is known. The access
+and identity reviews at their standard Kubernetes paths
+(`/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`, …) are short paths too:
+tenant-scoped resources of the caller's tenant (DESIGN §5).
+
+A list or watch whose `fieldSelector` requires `metadata.name=X` (`=` or `==`, alone or
+ANDed with other terms) has the name X, as in Kubernetes, so a `resourceNames` rule can
+allow watching one object. The selector is read with the grammar the backing store
+uses (`\\,` `\\=` `\\\\` escapes); a malformed selector, one given twice, or a name
+that is not a valid path segment leaves the name empty (the request then needs a
+grant on the whole collection).
 
 Every malformed target raises `TargetError` (a 400, or 405 for an unknown method);
 the parser never raises anything else.
@@ -42,6 +52,16 @@ _OBJECT_SUBRESOURCES = frozenset({"status", "finalize"})
 _RESOURCE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 _NON_RESOURCE_METHODS = _RESOURCE_METHODS | {"OPTIONS"}
 _WATCH_TRUE = frozenset({"true", "1"})
+# (group, resource) served at `/apis/{group}/{v}/{resource}` as a tenant-scoped
+# resource of the caller's tenant (the same under `tenants/{t}/`).
+_SHORT_PATH_RESOURCES = frozenset(
+    {
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+    }
+)
 
 
 class TargetError(ValueError):
@@ -148,11 +168,15 @@ def parse_target(method: str, raw_path: str, query_string: str = "") -> RequestT
         watch = any(k == "watch" and v.lower() in _WATCH_TRUE for k, v in _query(query_string))
 
     fields = _scope_fields(rest)
+    if len(rest) == 1 and (group, rest[0]) in _SHORT_PATH_RESOURCES:
+        fields.update(scope=Scope.TENANT, short_path=True)
     name = fields["name"]
     assert isinstance(name, str)
     verb = _verb(method, bool(name), watch)
     if watch and method not in ("GET", "HEAD"):
         raise TargetError("watch is only valid with GET", code=405)
+    if verb in ("list", "watch") and "fieldSelector" in query_string:
+        fields["name"] = selected_name(_query(query_string))
     return RequestTarget(
         path=raw_path,
         verb=verb,
@@ -319,6 +343,85 @@ def _decode(raw: str) -> str:
     if _CONTROL.search(text):
         raise TargetError("the path contains control characters")
     return text
+
+
+def selected_name(query: list[tuple[str, str]]) -> str:
+    """The name a list's `fieldSelector` requires (`metadata.name=X`), or ""."""
+    selectors = [v for k, v in query if k == "fieldSelector"]
+    if len(selectors) != 1:
+        return ""
+    for term in _split_unescaped(selectors[0], ","):
+        for op in ("!=", "==", "="):
+            at = _find_unescaped(term, op)
+            if at >= 0:
+                break
+        else:
+            return ""
+        if term[:at] != "metadata.name" or op == "!=":
+            continue
+        value = _unescape(term[at + len(op) :])
+        if value is None or not _path_segment_name(value):
+            return ""
+        return value
+    return ""
+
+
+def _path_segment_name(value: str) -> bool:
+    return (
+        0 < len(value) <= MAX_NAME
+        and value not in _DOTS
+        and "%" not in value
+        and not _SEPARATORS.search(value)
+    )
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    parts, current, i = [], [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            current.append(text[i : i + 2])
+            i += 2
+            continue
+        if c == sep:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _find_unescaped(term: str, op: str) -> int:
+    i = 0
+    while i < len(term):
+        if term[i] == "\\":
+            i += 2
+            continue
+        if term.startswith(op, i):
+            return i
+        i += 1
+    return -1
+
+
+def _unescape(value: str) -> str | None:
+    """The value with its escapes undone; None when malformed (as the store's 400)."""
+    out, i = [], 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\":
+            nxt = value[i + 1 : i + 2]
+            if nxt not in ("\\", ",", "="):
+                return None
+            out.append(nxt)
+            i += 2
+            continue
+        if c in ",=":
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _query(query_string: str) -> list[tuple[str, str]]:

@@ -19,11 +19,8 @@ from jwt.algorithms import RSAAlgorithm
 from sidecar.config import ConfigError, load_config
 from sidecar.context import Identity
 from sidecar.errors import StatusError
-from sidecar.identity import (
-    IdentityStage,
-    JwtAuthenticator,
-    build_authenticators,
-)
+from sidecar.identity.jwt import JwtAuthenticator
+from sidecar.identity.stage import IdentityStage, build_authenticators
 from tests.test_identity_support import (
     AUDIENCE,
     ISSUER,
@@ -43,7 +40,7 @@ EC = ec_key()
 
 def stage(**overrides: Any) -> IdentityStage:
     config = load_config(None, env={}, overrides=overrides)
-    return IdentityStage(build_authenticators(config.identity))
+    return IdentityStage(build_authenticators(config.identity), config.mode)
 
 
 def hs_stage(**extra: Any) -> IdentityStage:

@@ -4,6 +4,8 @@ the YAML config file plus an environment override (`SIDECAR_IDENTITY__JWT__SECRE
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -169,6 +171,60 @@ def test_credential_files_are_reread_without_a_restart(tmp_path: Path) -> None:
         assert call(url, "GET", path, "new-token")[0] == 200
         assert "credential reload refused" in sidecar.log()
         assert "Not_A_Tenant" in sidecar.log()
+    finally:
+        sidecar.stop()
+        store.stop()
+
+
+def _rewrite_unnoticed(path: Path, text: str) -> None:
+    """Replace a file's bytes in place, keeping its size, inode and mtime: a change
+    that polling cannot see, only a forced reload."""
+    before = path.stat()
+    data = text.encode()
+    assert len(data) == before.st_size
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_sighup_rereads_credentials_and_policy(tmp_path: Path) -> None:
+    """DESIGN §4: SIGHUP re-reads the credential files (and, through the same one
+    handler, the policy) even when nothing a watcher could see has changed."""
+    store = harness.start_store(tmp_path)
+    tokens = write_tokens(
+        tmp_path,
+        [{"token": "old-token", "user": "root", "tenant": "system", "groups": ["operators"]}],
+    )
+    policies = write_policy(tmp_path)
+    sidecar = harness.start_sidecar(
+        tmp_path,
+        {
+            "upstream": store.url,
+            "policies": str(policies),
+            "identity": {"tokenFile": str(tokens)},
+            "reload": {"enabled": False},
+        },
+    )
+    path = "/api/v1/tenants"
+
+    def revision() -> str:
+        status, body = call(sidecar.url, "GET", "/readyz")
+        assert status == 200
+        detail: str = body["checks"]["policy"]["detail"]
+        return detail.split()[1]
+
+    try:
+        url = sidecar.url
+        assert call(url, "GET", path, "old-token")[0] == 200
+        old_revision = revision()
+        _rewrite_unnoticed(tokens, tokens.read_text().replace("old-token", "new-token"))
+        policy_file = next(policies.glob("*.yaml"))
+        policy_file.write_text(policy_file.read_text() + "\n# touched\n")
+        os.kill(sidecar.pid, signal.SIGHUP)
+        assert _until(lambda: call(url, "GET", path, "new-token")[0] == 200)
+        assert call(url, "GET", path, "old-token")[0] == 401
+        assert _until(lambda: revision() != old_revision)
+        assert sidecar.proc.poll() is None  # SIGHUP reloads, it does not stop the sidecar
     finally:
         sidecar.stop()
         store.stop()

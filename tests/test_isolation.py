@@ -69,11 +69,43 @@ def test_short_path_of_an_operator_is_the_default_tenant() -> None:
 
 def test_refusal_bodies() -> None:
     other = target("GET", "/api/v1/tenants/beta/namespaces/dev/pods")
-    assert refusal(ALICE, other, conceal=True).body() == tenant_not_found("beta").body()
-    node = target("GET", "/api/v1/nodes/n1")
-    assert refusal(ALICE, node, conceal=True).body() == not_found("nodes", "n1").body()
-    forbidden = refusal(ALICE, other, conceal=False)
+    concealed = refusal(ALICE, other, conceal=True, isolated=True)
+    assert concealed.body() == tenant_not_found("beta").body()
+    node = target("PUT", "/api/v1/nodes/n1/power")
+    for isolated in (True, False):
+        # A subresource's 404 is its object's, as the store answers for a missing one.
+        got = refusal(ALICE, node, conceal=True, isolated=isolated)
+        assert got.body() == not_found("nodes", "n1").body()
+    forbidden = refusal(ALICE, other, conceal=False, isolated=True)
     assert forbidden.code == 403 and "beta" in forbidden.message
+
+
+@pytest.mark.parametrize(
+    ("who", "path", "isolated", "code"),
+    [
+        # Its own Tenant object: the caller knows its tenant exists.
+        (ALICE, "/api/v1/tenants/acme", False, 403),
+        (ALICE, "/api/v1/tenants/acme/status", False, 403),
+        # Another tenant's Tenant object: that tenant does not exist for it.
+        (ALICE, "/api/v1/tenants/beta", True, 404),
+        (ALICE, "/api/v1/tenants/beta", False, 404),
+        # A reachable target in another tenant, refused for this verb: 403.
+        (ALICE, "/api/v1/tenants/beta/namespaces/dev/pods", False, 403),
+        # Operators refused at the cluster level: an honest 403 ...
+        (OPERATOR, "/api/v1/nodes/n1", True, 403),
+        (OPERATOR, "/api/v1/tenants/beta", True, 403),
+        # ... but another tenant's objects are concealed from them like from anyone.
+        (OPERATOR, "/api/v1/tenants/beta/namespaces/dev/pods", True, 404),
+        # The quota API hides nothing at cluster level, only other tenants.
+        (ALICE, "/apis/quota.sidecar/v1/quotas", True, 403),
+    ],
+)
+def test_refusal_status(who: Identity, path: str, isolated: bool, code: int) -> None:
+    from sidecar.policy.decide import normalize
+
+    t = normalize(target("GET", path, who), who)
+    assert refusal(who, t, conceal=True, isolated=isolated).code == code
+    assert refusal(who, t, conceal=False, isolated=isolated).code == 403
 
 
 # -- the matrix through the sidecar ---------------------------------------------------
@@ -133,7 +165,7 @@ CLUSTER_LEVEL = [
     ("POST", "/api/v1/tenants", "tenants", ""),
     ("GET", "/api/v1/nodes", "nodes", ""),
     ("GET", "/api/v1/nodes/n1", "nodes", "n1"),
-    ("PUT", "/api/v1/nodes/n1/power", "nodes/power", "n1"),
+    ("PUT", "/api/v1/nodes/n1/power", "nodes", "n1"),
     ("DELETE", "/api/v1/persistentvolumes/pv1", "persistentvolumes", "pv1"),
     ("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", "clusterrolebindings", ""),
 ]

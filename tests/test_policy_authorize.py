@@ -319,3 +319,52 @@ async def test_upstream_down_during_owner_fetch_is_503(tmp_path: Path) -> None:
         async with aiohttp.ClientSession() as http:
             status, body = await Client(http, side)("oscar", "GET", "/api/v1/nodes/n1")
             assert status == 503 and body["kind"] == "Status"
+
+
+WATCH_ONE = """\
+kind: Role
+metadata: {name: watch-app-config, tenant: acme, namespace: dev}
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: [app-config]
+  verbs: [list, watch]
+---
+kind: RoleBinding
+metadata: {name: watch-app-config, tenant: acme, namespace: dev}
+roleRef: {kind: Role, name: watch-app-config}
+subjects: [{kind: User, name: alice}]
+"""
+
+
+async def test_field_selector_name_lets_a_resource_names_rule_watch_one_object(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """DESIGN §3: a list or watch with `fieldSelector=metadata.name=X` has the name X."""
+    policies = tmp_path / "watch-policy"
+    policies.mkdir()
+    (policies / "p.yaml").write_text(WATCH_ONE)
+    url = f"http://127.0.0.1:{upstream.server.port}"
+    config = _config(tmp_path, policies=str(policies))
+    cms = "/api/v1/tenants/acme/namespaces/dev/configmaps"
+    async with running_sidecar(tmp_path, url, config) as side:
+        async with aiohttp.ClientSession() as http:
+            client = Client(http, side)
+            for query in (
+                "?fieldSelector=metadata.name%3Dapp-config",
+                "?watch=1&fieldSelector=metadata.name%3D%3Dapp-config",
+                "?fieldSelector=metadata.namespace%3Ddev,metadata.name%3Dapp-config",
+            ):
+                assert (await client("alice", "GET", cms + query))[0] == 200, query
+                assert upstream.seen[-1][1] == cms + query
+            before = len(upstream.seen)
+            for query in (
+                "",
+                "?watch=1",
+                "?fieldSelector=metadata.name%3Dother",
+                "?fieldSelector=metadata.name!%3Dapp-config",
+                "?fieldSelector=metadata.name=app-config&fieldSelector=metadata.name=x",
+            ):
+                status, body = await client("alice", "GET", cms + query)
+                assert status == 403 and body["kind"] == "Status", query
+            assert len(upstream.seen) == before

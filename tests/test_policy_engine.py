@@ -1,5 +1,5 @@
-"""The engine's API around decide(): can_reach, the decision cache, odd inputs, rule ids,
-`policy compile` and `policy explain` output."""
+"""The engine's API and `decide()` over it: can_reach, the decision cache, odd inputs, rule
+ids, `policy compile` and `policy explain` output."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sidecar.context import Identity
 from sidecar.metrics import Metrics
 from sidecar.policy.bundle import PolicyBundle, load_bundle
 from sidecar.policy.compile import format_compiled, print_compiled
+from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache, PolicyEngine, compile_engine
 from sidecar.policy.explain import add_commands, evaluate_case, explain
 from sidecar.policy.files import parse_yaml_documents
@@ -62,8 +63,8 @@ def test_can_reach(bundle: PolicyBundle) -> None:
 def test_rule_ids_are_file_and_line(bundle: PolicyBundle) -> None:
     ids = bundle.engine.rule_ids()
     assert ids and all(i.rsplit(":", 1)[0].endswith("00-policy.yaml") for i in ids)
-    d = bundle.engine.decide(
-        who("alice", "acme"), target("GET", "/api/v1/tenants/acme/namespaces/dev/pods")
+    d = decide(
+        bundle, who("alice", "acme"), target("GET", "/api/v1/tenants/acme/namespaces/dev/pods")
     )
     assert d.outcome == "allow" and d.rule_id in ids
     assert "RoleBinding acme/dev/dev-view" in d.reason and "ClusterRole view" in d.reason
@@ -72,7 +73,7 @@ def test_rule_ids_are_file_and_line(bundle: PolicyBundle) -> None:
 
 @pytest.mark.parametrize("tenant", ["*", "", "ACME", "a/b", "acme:x"])
 def test_invalid_caller_tenant_is_denied(bundle: PolicyBundle, tenant: str) -> None:
-    d = bundle.engine.decide(who("root", tenant, "operators"), target("GET", "/healthz"))
+    d = decide(bundle, who("root", tenant, "operators"), target("GET", "/healthz"))
     assert d.outcome == "deny"
 
 
@@ -95,9 +96,7 @@ def test_invalid_caller_tenant_is_denied(bundle: PolicyBundle, tenant: str) -> N
     ],
 )
 def test_odd_owner_values_are_notfound_not_errors(bundle: PolicyBundle, obj: Any) -> None:
-    d = bundle.engine.decide(
-        who("o", "acme", "node-owners"), target("GET", "/api/v1/nodes/n1"), obj
-    )
+    d = decide(bundle, who("o", "acme", "node-owners"), target("GET", "/api/v1/nodes/n1"), obj)
     assert d.outcome == "notfound"
 
 
@@ -106,40 +105,41 @@ def test_decision_cache_counts_and_keys(bundle: PolicyBundle) -> None:
     cache = DecisionCache(100, metrics)
     e = bundle.engine
     alice, t = who("alice", "acme"), target("GET", "/api/v1/tenants/acme/namespaces/dev/pods")
-    assert cache.decide(e, alice, t).outcome == "allow"
-    assert cache.decide(e, alice, t).outcome == "allow"
+    assert decide(e, alice, t, cache=cache).outcome == "allow"
+    assert decide(e, alice, t, cache=cache).outcome == "allow"
     hits = metrics.decision_cache.labels(result="hit")._value.get()
     misses = metrics.decision_cache.labels(result="miss")._value.get()
     assert (hits, misses) == (1, 1)
     # Another revision is another key, even with the same documents.
     other = PolicyEngine("other-rev", e.policy, e.compiled)
-    assert cache.decide(other, alice, t).revision == "other-rev"
+    assert decide(other, alice, t, cache=cache).revision == "other-rev"
     assert metrics.decision_cache.labels(result="miss")._value.get() == 2
     # Groups are part of the key.
-    assert cache.decide(e, who("dan", "acme"), t).outcome == "deny"
-    assert cache.decide(e, who("dan", "acme", "devs"), t).outcome == "allow"
-    # Owner-dependent decisions are keyed by the owner.
+    assert decide(e, who("dan", "acme"), t, cache=cache).outcome == "deny"
+    assert decide(e, who("dan", "acme", "devs"), t, cache=cache).outcome == "allow"
+    # Owner-dependent decisions: the cached match, then the owner decides.
     node = target("GET", "/api/v1/nodes/n1")
     o = who("o", "acme", "node-owners")
-    assert cache.decide(e, o, node, {"spec": {"owner": "acme"}}).outcome == "allow"
-    assert cache.decide(e, o, node, {"spec": {"owner": "beta"}}).outcome == "notfound"
-    assert cache.decide(e, o, node, {"spec": {"owner": "acme"}}).outcome == "allow"
+    assert decide(e, o, node, {"spec": {"owner": "acme"}}, cache=cache).outcome == "allow"
+    assert decide(e, o, node, {"spec": {"owner": "beta"}}, cache=cache).outcome == "notfound"
+    assert decide(e, o, node, {"spec": {"owner": "acme"}}, cache=cache).outcome == "allow"
 
 
 def test_decision_cache_is_bounded(bundle: PolicyBundle) -> None:
     cache = DecisionCache(10)
     for i in range(50):
-        cache.decide(bundle.engine, who(f"u{i}", "acme"), target("GET", "/healthz"))
+        decide(bundle, who(f"u{i}", "acme"), target("GET", "/healthz"), cache=cache)
     assert len(cache) == 10
 
 
 def test_tenant_caller_cannot_forge_cross_tenant_group(bundle: PolicyBundle) -> None:
     # A group name that looks like another subject key stays inside the caller's tenant.
-    d = bundle.engine.decide(
+    d = decide(
+        bundle,
         who("x", "acme", "system:operators", "*", "g:system:operators"),
         target("GET", "/api/v1/nodes"),
     )
-    assert d.outcome == "deny"
+    assert d.outcome == "notfound" and d.isolated
 
 
 def test_compile_output(bundle: PolicyBundle, capsys: pytest.CaptureFixture[str]) -> None:
@@ -310,9 +310,9 @@ def test_large_generated_policy_decides_by_index() -> None:
     docs, problems = parse_yaml_documents("---\n".join(parts), "big.yaml")
     engine, problems = compile_engine(docs, "r")
     assert problems == [] and engine.line_count == 2001
-    assert engine.decide(
-        who("u", "t1999"), target("GET", "/api/v1/tenants/t1999/namespaces/x/pods")
+    assert decide(
+        engine, who("u", "t1999"), target("GET", "/api/v1/tenants/t1999/namespaces/x/pods")
     ).allowed
-    assert not engine.decide(
-        who("u", "t1999"), target("GET", "/api/v1/tenants/t1998/namespaces/x/pods")
+    assert not decide(
+        engine, who("u", "t1999"), target("GET", "/api/v1/tenants/t1998/namespaces/x/pods")
     ).allowed

@@ -106,3 +106,96 @@ _tree = st.recursive(
 def test_random_documents_parse_identically(docs: list[Any], flow: bool) -> None:
     text = yaml.safe_dump_all(docs, default_flow_style=flow, allow_unicode=True)
     assert_paths_agree(text)
+
+
+# -- the revision (DESIGN §5: relative paths and contents) -----------------------------
+
+
+def test_revision_is_the_same_tree_wherever_it_is_mounted(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    shipped = ROOT / "policies"
+    copy = tmp_path / "mounted" / "elsewhere"
+    shutil.copytree(shipped, copy)
+    rev = files.load_documents([shipped]).revision
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        spellings = ["policies", "./policies/", "policies/../policies", str(shipped)]
+        assert {files.load_documents([p]).revision for p in spellings} == {rev}
+    finally:
+        os.chdir(cwd)
+    assert files.load_documents([copy]).revision == rev
+    # A renamed file or a changed byte is another revision.
+    (copy / "00-cluster-admin.yaml").rename(copy / "01-cluster-admin.yaml")
+    renamed = files.load_documents([copy]).revision
+    assert renamed != rev
+    (copy / "80-modes.yaml").write_text((copy / "80-modes.yaml").read_text() + "\n# x\n")
+    assert files.load_documents([copy]).revision not in (rev, renamed)
+
+
+async def test_explain_readyz_and_audit_print_one_revision(tmp_path: Path) -> None:
+    """`policy explain` on the tree as spelled here, the sidecar serving it through
+    another spelling: /readyz and the audit log name the revision explain prints."""
+    import asyncio
+    import json
+    import time
+
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from sidecar.app import build_app
+    from sidecar.config import load_config
+    from sidecar.context import Identity
+    from sidecar.policy.bundle import load_bundle
+    from sidecar.policy.explain import explain
+
+    bundle, _ = load_bundle(
+        ["policies"] if (Path.cwd() / "policies").is_dir() else [ROOT / "policies"]
+    )
+    said = explain(bundle, Identity("admin", "system"), "GET", "/version")["revision"]
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"major": "1"})
+
+    up_app = web.Application()
+    up_app.router.add_route("*", "/{tail:.*}", ok)
+    upstream = TestServer(up_app, host="127.0.0.1")
+    await upstream.start_server()
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([{"token": "t", "user": "admin", "tenant": "system"}]))
+    audit = tmp_path / "audit.log"
+    config = load_config(
+        None,
+        env={},
+        overrides={
+            "upstream": f"http://127.0.0.1:{upstream.port}",
+            "policies": str(ROOT / "policies" / ".." / "policies"),
+            "identity.tokenFile": str(tokens),
+            "ledger": f"sqlite:///{tmp_path / 'ledger.db'}",
+            "audit.path": str(audit),
+            "reload.enabled": False,
+        },
+    )
+    sidecar = TestServer(build_app(config), host="127.0.0.1")
+    await sidecar.start_server()
+    try:
+        async with ClientSession() as http:
+            base = f"http://127.0.0.1:{sidecar.port}"
+            async with http.get(base + "/readyz") as r:
+                detail = (await r.json())["checks"]["policy"]["detail"]
+            assert f"revision {said} " in detail
+            async with http.get(base + "/version", headers={"Authorization": "Bearer t"}) as r:
+                assert r.status == 200
+        deadline = time.monotonic() + 10
+        records: list[dict[str, Any]] = []
+        while not records and time.monotonic() < deadline:
+            text = audit.read_text() if audit.exists() else ""
+            records = [json.loads(line) for line in text.splitlines() if '"/version"' in line]
+            if not records:
+                await asyncio.sleep(0.05)
+        assert records and records[-1]["revision"] == said
+    finally:
+        await sidecar.close()
+        await upstream.close()

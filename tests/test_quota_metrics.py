@@ -36,6 +36,8 @@ async def sidecar_url(tmp_path: Path) -> AsyncIterator[str]:
             "policies": str(ROOT / "policies"),
             "identity": {"tokenFile": str(tokens)},
             "reload": {"enabled": False},
+            # The gauges follow usage at this interval (config, not a constant).
+            "quota": {"gaugeIntervalSeconds": 0.2},
         },
     )
     try:
@@ -68,7 +70,7 @@ async def test_used_and_hard_gauges_follow_creates(sidecar_url: str) -> None:
                 f"{sidecar_url}{SERVERS}", headers=alice, json={"metadata": {"name": name}}
             ) as r:
                 assert r.status == 201, await r.text()
-        # The gauges are refreshed every few seconds for tenants with recent activity.
+        # The gauges are refreshed every gaugeIntervalSeconds for tenants with recent activity.
         used = hard = None
         for _ in range(40):
             async with s.get(f"{sidecar_url}/metrics", headers=admin) as r:

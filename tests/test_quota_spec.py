@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from sidecar.policy.files import load_documents
-from sidecar.quota.meters import (
+from sidecar.policy.quotas import parse_quotas
+from sidecar.quantities import (
     QuantityError,
-    charge_for,
     format_units,
     parse_quantity,
     to_units,
     tracked_for,
 )
-from sidecar.quota.spec import parse_quotas
+from sidecar.quota.meters import charge_for
 
 
 def parse(tmp_path: Path, text: str) -> tuple[object, list[str]]:

@@ -1,4 +1,4 @@
-"""The local tier: aiolimiter buckets with an injected clock (no sleeps), the LRU,
+"""The local tier: token buckets with an injected clock (no sleeps), the LRU,
 reload without a free burst, exact Retry-After, and flat memory with 1M tenants."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from sidecar.policy.ratelimits import Rate
 from sidecar.ratelimit.inflight import InFlight
 from sidecar.ratelimit.local import LocalLimiter, Verdict
-from sidecar.ratelimit.spec import Rate
 
 
 class Clock:

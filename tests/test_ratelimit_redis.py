@@ -17,8 +17,8 @@ from sidecar.context import Identity, RequestContext
 from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.policy.files import parse_yaml_documents
+from sidecar.policy.ratelimits import Rate, parse_rate_limits
 from sidecar.ratelimit.gcra_redis import GlobalTier
-from sidecar.ratelimit.spec import Rate, parse_rate_limits
 from sidecar.ratelimit.stage import RateLimiter, TenantRateLimitStage
 from sidecar.target import parse_target
 
@@ -171,7 +171,7 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
     )
     metrics = Metrics()
     now = [100.0]
-    limiter = RateLimiter(config, metrics, clock=lambda: now[0])
+    limiter = RateLimiter(config.rate_limit, metrics, clock=lambda: now[0])
     assert limiter.global_tier is not None
     stage = TenantRateLimitStage(limiter)
     docs, _ = parse_yaml_documents(

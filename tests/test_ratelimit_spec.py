@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from sidecar.policy.files import parse_yaml_documents
-from sidecar.ratelimit.spec import (
+from sidecar.policy.ratelimits import (
     DEFAULT_MAX_WATCHES,
     Rate,
     RateLimitPolicy,

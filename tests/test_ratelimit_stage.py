@@ -21,7 +21,8 @@ from sidecar.errors import StatusError, unauthorized
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler, build_chain
 from sidecar.policy.files import parse_yaml_documents
-from sidecar.ratelimit.spec import DEFAULT_MAX_WATCHES, RateLimitPolicy, parse_rate_limits
+from sidecar.policy.modes import mode_for
+from sidecar.policy.ratelimits import DEFAULT_MAX_WATCHES, RateLimitPolicy, parse_rate_limits
 from sidecar.ratelimit.stage import (
     AnonymousRateLimitStage,
     RateLimiter,
@@ -83,6 +84,8 @@ class FakeIdentity:
         ctx.identity = who
         assert ctx.target is not None
         ctx.target = ctx.target.resolve_tenant(who.tenant)
+        # As the real identity stage does: the caller's mode, once.
+        ctx.mode = mode_for(ctx.mode, ctx.policy.tenant_modes, who.tenant)
         return await call_next(ctx)
 
 
@@ -117,7 +120,7 @@ class Rig:
         self.clock = Clock()
         self.config = load_config(env={}, overrides=overrides or {})
         self.metrics = Metrics()
-        self.limiter = RateLimiter(self.config, self.metrics, clock=self.clock)
+        self.limiter = RateLimiter(self.config.rate_limit, self.metrics, clock=self.clock)
         self.snapshot = snapshot
         self.identity = FakeIdentity()
         self.upstream = Upstream()
@@ -136,6 +139,7 @@ class Rig:
             request_id="t",
             policy=self.snapshot,  # type: ignore[arg-type]
             max_body_bytes=1000,
+            mode=self.config.mode,
         )
         try:
             ctx.target = parse_target(

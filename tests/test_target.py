@@ -380,3 +380,61 @@ def test_parser_returns_target_or_its_own_error(
                 "delete",
                 "deletecollection",
             }
+
+
+# -- fieldSelector metadata.name (DESIGN §3) -------------------------------------------
+
+PODS = "/api/v1/tenants/acme/namespaces/dev/pods"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "name", "verb"),
+    [
+        ("GET", PODS, "fieldSelector=metadata.name%3Dweb", "web", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3D%3Dweb", "web", "list"),
+        ("GET", PODS, "watch=1&fieldSelector=metadata.name%3Dweb", "web", "watch"),
+        (
+            "GET",
+            "/api/v1/watch/tenants/acme/namespaces/dev/pods",
+            "fieldSelector=metadata.name=web",
+            "web",
+            "watch",
+        ),
+        # ANDed with other terms, in either order; the first name term counts.
+        ("GET", PODS, "fieldSelector=metadata.namespace%3Ddev,metadata.name%3Dweb", "web", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3Da,metadata.name%3Db", "a", "list"),
+        # Escapes as the store reads them.
+        ("GET", PODS, "fieldSelector=metadata.name%3Da%5C%2Cb", "a,b", "list"),
+        # No name: inequality, another field, malformed, twice, not a path segment.
+        ("GET", PODS, "fieldSelector=metadata.name!%3Dweb", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.namespace%3Ddev", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3Dweb%3Dx", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name=a&fieldSelector=metadata.name=b", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3D..", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3Da%2Fb", "", "list"),
+        ("GET", PODS, "fieldSelector=metadata.name%3D", "", "list"),
+        # Only lists and watches: a delete of a collection keeps its verb and no name.
+        ("DELETE", PODS, "fieldSelector=metadata.name%3Dweb", "", "deletecollection"),
+        ("GET", PODS + "/web", "fieldSelector=metadata.name%3Dother", "web", "get"),
+    ],
+)
+def test_field_selector_name(method: str, path: str, query: str, name: str, verb: str) -> None:
+    t = parse_target(method, path, query)
+    assert (t.name, t.verb) == (name, verb)
+
+
+def test_reviews_at_standard_paths_are_short_paths() -> None:
+    for group, resource in (
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+    ):
+        t = parse_target("POST", f"/apis/{group}/v1/{resource}")
+        assert (t.scope, t.tenant, t.short_path) == (T, None, True)
+        assert t.resolve_tenant("acme").tenant == "acme"
+        t = parse_target("POST", f"/apis/{group}/v1/tenants/beta/{resource}")
+        assert (t.scope, t.tenant, t.short_path) == (T, "beta", False)
+    # Other resources of those groups stay as they were.
+    assert parse_target("POST", "/apis/authentication.k8s.io/v1/tokenreviews").scope == C

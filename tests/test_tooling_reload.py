@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -260,18 +259,18 @@ async def test_watcher_polling_refuses_broken_then_accepts_fix(policy_dir: Path)
         await reloader.stop()
 
 
-async def test_sighup_forces_reload(policy_dir: Path) -> None:
+async def test_forced_request_skips_the_debounce(policy_dir: Path) -> None:
+    """What the app's SIGHUP handler calls (tests/test_app.py sends the signal)."""
     store, reloader, _ = make(policy_dir, enabled=False, debounce=30)
     await reloader.start()
     try:
         old = store.current.revision
         (policy_dir / "more.yaml").write_text(OTHER)
-        os.kill(os.getpid(), signal.SIGHUP)
+        reloader.request(force=True)
         # The debounce is 30 s: only the forced path can make this in time.
         await wait_until(lambda: store.current.revision != old, limit=5)
     finally:
         await reloader.stop()
-    assert not reloader._signal_installed
 
 
 async def test_burst_of_edits_is_debounced(policy_dir: Path) -> None:

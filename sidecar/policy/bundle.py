@@ -14,8 +14,8 @@ from pathlib import Path
 from sidecar.policy.engine import RBAC_KINDS, PolicyEngine, compile_engine
 from sidecar.policy.files import Document, LoadResult, Problem, load_documents
 from sidecar.policy.modes import MODE_KINDS, parse_tenant_modes
-from sidecar.quota.spec import QUOTA_KINDS, QuotaPolicy, parse_quotas
-from sidecar.ratelimit.spec import RATELIMIT_KINDS, RateLimitPolicy, parse_rate_limits
+from sidecar.policy.quotas import QUOTA_KINDS, QuotaPolicy, parse_quotas
+from sidecar.policy.ratelimits import RATELIMIT_KINDS, RateLimitPolicy, parse_rate_limits
 
 TEST_KINDS = frozenset({"PolicyTest"})
 KNOWN_KINDS = RBAC_KINDS | RATELIMIT_KINDS | QUOTA_KINDS | MODE_KINDS | TEST_KINDS

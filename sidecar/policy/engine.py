@@ -1,15 +1,19 @@
 """The decision engine: an index in front of the compiled Casbin model, plus a cache.
 
-Owns `decide(identity, target, obj)`. The compiled model (`compile.py`) is evaluated
-with Casbin's own expression evaluator, but only over the policy lines that can apply:
-a request in `{t}/{ns}` can only be touched by bindings in the domains `{t}/{ns}`,
-`{t}` and `*`, so the caller's roles are resolved from those three exact domain
-lookups, and only those roles' lines for the requested resource (plus wildcard lines)
-are evaluated. Cost depends on the caller's bindings, never on the policy's size. A
-property test checks the result against a plain pycasbin Enforcer.
+Owns `match(identity, target)`: what the policy grants a caller on a target before
+the object is known (the unconditional grant, or the owner-rule grants). The decision
+itself (isolation, owner rules, 404 versus 403) is `decide.py`'s, built on this.
 
-No threads: the engine is used from the event loop only (Casbin's evaluator keeps
-per-call state).
+The compiled model (`compile.py`) is evaluated only over the policy lines that can
+apply: a request in `{t}/{ns}` can only be touched by bindings in the domains
+`{t}/{ns}`, `{t}` and `*`, so the caller's roles are resolved from those three exact
+domain lookups, and only those roles' lines for the requested resource (plus wildcard
+lines) are evaluated. Cost depends on the caller's bindings, never on the policy's
+size. The model's matcher is evaluated in plain Python (`_in_force` and the functions
+of `compile.py`), not with Casbin's private expression builder; the property test
+`tests/test_policy_property.py` checks every answer against a plain pycasbin Enforcer
+over the same model and lines, so a change of Casbin that changed the model's
+meaning fails there.
 """
 
 from __future__ import annotations
@@ -19,14 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
-from casbin import util as casbin_util
-from casbin.core_enforcer import CoreEnforcer
 
 from sidecar.context import Identity
 from sidecar.policy.compile import (
-    FUNCTIONS,
     NO_DOMAIN,
-    OWNED,
     OWNER_PREFIX,
     Compiled,
     PLine,
@@ -36,9 +36,7 @@ from sidecar.policy.compile import (
     split_set,
     tenant_ok,
 )
-from sidecar.policy.decision import Decision
 from sidecar.policy.files import Document, Problem
-from sidecar.policy.owner import owner_value
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, RbacPolicy, group_key, parse_rbac, user_key
 from sidecar.policy.scopes import DEFAULT_OWNER_FIELDS, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label
@@ -59,12 +57,6 @@ RBAC_KINDS = frozenset(
     }
 )
 
-_R_TOKENS = ("r_sub", "r_nd", "r_td", "r_scope", "r_grp", "r_res", "r_name", "r_act", "r_own")
-_P_TOKENS = ("p_sub", "p_kind", "p_grp", "p_res", "p_name", "p_act", "p_cond", "p_id")
-_ITEM_VERBS = frozenset({"get", "update", "patch", "delete", "create"})
-_LIST_VERBS = frozenset({"list"})
-# Writes whose body says who owns the object (subresource bodies are not the object).
-_OWNER_BODY_VERBS = frozenset({"create", "update", "patch"})
 # The owner behind any other verb is read fresh (DESIGN §5: writes never use a cache).
 READ_VERBS = frozenset({"get", "list", "watch"})
 
@@ -150,19 +142,6 @@ class PolicyEngine:
         for link, bindings in self.compiled.link_bindings.items():
             sub, role_key, dom = link
             self._links.setdefault((dom, sub), {}).setdefault(role_key, bindings[0].label)
-        functions = dict(FUNCTIONS)
-        # A function over the links table, not a bound method: the evaluator must not
-        # refer back to the engine, so a retired engine is freed by reference counting
-        # alone (the reloader keeps policies out of the cyclic collector's scans).
-        functions["g"] = _role_check(self._links)
-        matcher = casbin_util.escape_assertion(self._matcher_text())
-        self._expr = CoreEnforcer._get_expression(matcher, functions)
-
-    @staticmethod
-    def _matcher_text() -> str:
-        from sidecar.policy.compile import new_model
-
-        return str(new_model()["m"]["m"].value)
 
     # -- public API -------------------------------------------------------------
 
@@ -175,9 +154,6 @@ class PolicyEngine:
 
     def plain_enforcer(self) -> casbin.Enforcer:
         return plain_enforcer(self.compiled)
-
-    def decide(self, identity: Identity, target: RequestTarget, obj: Any = None) -> Decision:
-        return self.finish(self.match(identity, target), identity, target, obj)
 
     def can_reach(self, identity: Identity, target: RequestTarget) -> bool:
         """Whether any binding in force for this caller could grant anything on this
@@ -192,6 +168,16 @@ class PolicyEngine:
         request unconditionally."""
         return self.match(identity, target, domains=("*",)).unconditional is not None
 
+    def bound_roles(self, identity: Identity, domains: Sequence[str]) -> list[tuple[str, str, str]]:
+        """(role key, binding label, domain) of every role bound to the caller in these
+        domains (`*`, `{tenant}`, `{tenant}/{namespace}`), each role once."""
+        found: dict[str, tuple[str, str, str]] = {}
+        for dom in domains:
+            for sub in subject_keys(identity):
+                for role_key, binding in self._links.get((dom, sub), {}).items():
+                    found.setdefault(role_key, (role_key, binding, dom))
+        return list(found.values())
+
     def owner_fields(self, api_group: str, resource: str) -> tuple[str, ...]:
         """The owner fields objects of this resource carry: those the policy's owner
         rules name for it, plus the built-in `DEFAULT_OWNER_FIELDS`."""
@@ -204,24 +190,6 @@ class PolicyEngine:
             if ("*" in groups or api_group in groups) and ("*" in resources or base in resources):
                 found[owner_field] = None
         return tuple(found)
-
-    def owner_checks(
-        self, match: Match, identity: Identity, target: RequestTarget
-    ) -> tuple[str, ...]:
-        """The owner fields a write's body must keep to the caller's tenant
-        (`owner.enforce_owner`), or () when no such rule applies: only a grant in force
-        cluster-wide may set another tenant as owner, on create, update or patch."""
-        if (
-            not target.resource_request
-            or target.verb not in _OWNER_BODY_VERBS
-            or target.subresource
-        ):
-            return ()
-        fields = dict.fromkeys(g.owner_field for g in match.owner) if match.owner_only else {}
-        fields.update(dict.fromkeys(self.owner_fields(target.api_group, target.resource)))
-        if not fields or (match.unconditional is not None and self.cluster_wide(identity, target)):
-            return ()
-        return tuple(fields)
 
     def match(
         self,
@@ -236,33 +204,25 @@ class PolicyEngine:
         if isinstance(req, str):
             return Match(invalid=req)
         nd, td, scope, grp, res, name, act = req[1:]
-        subjects = subject_keys(identity)
-        names: dict[str, str] = dict(zip(_R_TOKENS[1:8], req[1:], strict=True))
-        names["r_own"] = OWNED
         owner: list[Grant] = []
         seen: set[tuple[str, str]] = set()
         for dom in domains or (nd, td, "*"):
             if dom == NO_DOMAIN or dom not in (nd, td, "*"):
                 continue
-            for sub in subjects:
+            for sub in subject_keys(identity):
                 roles = self._links.get((dom, sub))
                 if not roles:
                     continue
-                names["r_sub"] = sub
                 for role_key, binding in roles.items():
                     if (sub, role_key) in seen:
                         continue
                     seen.add((sub, role_key))
                     role = self._roles[role_key]
                     for line in self._candidate_lines(role, scope, res):
-                        if any_verb:
-                            line = (*line[:5], "*", *line[6:])
-                        # rule_match is a conjunct of the matcher: a cheap pre-check
-                        # that spares the expression evaluator most non-matching lines.
-                        if not rule_match(scope, grp, res, name, act, *line[1:6]):
+                        verbs = "*" if any_verb else line[5]
+                        if not rule_match(scope, grp, res, name, act, *line[1:5], verbs):
                             continue
-                        names.update(zip(_P_TOKENS, line, strict=True))
-                        if not self._expr.eval(names):
+                        if not self._in_force(sub, role_key, nd, td, scope, line[6], domains):
                             continue
                         grant = Grant(
                             line,
@@ -273,6 +233,27 @@ class PolicyEngine:
                             return Match(unconditional=grant, owner=tuple(owner))
                         owner.append(grant)
         return Match(owner=tuple(owner))
+
+    def _in_force(
+        self,
+        sub: str,
+        role: str,
+        nd: str,
+        td: str,
+        scope: str,
+        cond: str,
+        domains: tuple[str, ...] | None,
+    ) -> bool:
+        """The model's role clause: `g(sub, role, nd) || (g(sub, role, td) &&
+        tenantOk(scope, cond)) || g(sub, role, "*")`, over the domains looked at.
+        (`ownerOk` is decided later, by `decide`, once the owner is known.)"""
+        allowed = domains or (nd, td, "*")
+
+        def g(dom: str) -> bool:
+            roles = self._links.get((dom, sub))
+            return dom in allowed and roles is not None and role in roles
+
+        return g(nd) or (g(td) and tenant_ok(scope, cond)) or g("*")
 
     @staticmethod
     def _candidate_lines(role: _Role, scope: str, res: str) -> list[PLine]:
@@ -292,84 +273,6 @@ class PolicyEngine:
             if roles and role in roles and (dom != td or tenant_ok(scope, line[6])):
                 return roles[role]
         return None
-
-    def finish(
-        self, match: Match, identity: Identity, target: RequestTarget, obj: Any = None
-    ) -> Decision:
-        """The decision, given what the policy grants and (for owner rules) the object."""
-        rev = self.revision
-        if match.invalid:
-            return Decision("deny", match.invalid, rev)
-        if match.unconditional is not None:
-            g = match.unconditional
-            return Decision("allow", f"allowed by {g.explain()}", rev, rule_id=g.rule_id)
-        if not match.owner:
-            return Decision("deny", _deny_reason(identity, target), rev)
-        first = match.owner[0]
-        verb = target.verb
-        if not target.name:
-            if verb in _LIST_VERBS or verb == "create":
-                what = "listed" if verb != "create" else "created"
-                return Decision(
-                    "filter",
-                    f"only objects owned by tenant {identity.tenant!r} may be {what}: "
-                    f"owner rule via {first.explain()}",
-                    rev,
-                    first.owner_field,
-                    first.rule_id,
-                )
-            return Decision(
-                "deny",
-                f"{verb} on {target.full_resource} is granted only by an owner rule "
-                f"({first.explain()}), which cannot apply to a whole collection",
-                rev,
-                first.owner_field,
-            )
-        if verb not in _ITEM_VERBS:
-            return Decision("deny", _deny_reason(identity, target), rev)
-        if obj is None:
-            return Decision(
-                "notfound",
-                f"{target.full_resource} {target.name!r} is reachable only through an owner "
-                "rule and its owner is unknown",
-                rev,
-                first.owner_field,
-            )
-        for grant in match.owner:
-            if owner_value(obj, grant.owner_field) == identity.tenant:
-                return Decision(
-                    "allow",
-                    f"allowed by owner rule ({grant.owner_field} is {identity.tenant!r}) "
-                    f"via {grant.explain()}",
-                    rev,
-                    grant.owner_field,
-                    grant.rule_id,
-                )
-        return Decision(
-            "notfound",
-            f"{target.resource} {target.name!r} is not owned by tenant {identity.tenant!r} "
-            f"({first.owner_field}) and only owner rules grant {verb} on it",
-            rev,
-            first.owner_field,
-        )
-
-
-def _deny_reason(identity: Identity, target: RequestTarget) -> str:
-    who = f'user "{identity.user}" of tenant "{identity.tenant}"'
-    if not target.resource_request:
-        return f'{who} cannot {target.verb} path "{target.path}": no rule grants it'
-    where = ""
-    if target.namespace:
-        where = f' in namespace "{target.namespace}" of tenant "{target.tenant}"'
-    elif target.tenant and target.scope != Scope.CLUSTER:
-        where = f' in tenant "{target.tenant}"'
-    elif target.scope == Scope.CLUSTER:
-        where = " at the cluster scope"
-    group = f' in API group "{target.api_group}"' if target.api_group else ""
-    return (
-        f'{who} cannot {target.verb} resource "{target.full_resource}"{group}{where}: '
-        "no binding grants it"
-    )
 
 
 def subject_keys(identity: Identity) -> list[str]:
@@ -406,25 +309,16 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
     return ("", nd, td, scope, target.api_group, target.full_resource, target.name, target.verb)
 
 
-def _role_check(links: dict[tuple[str, str], dict[str, str]]) -> Callable[[str, str, str], bool]:
-    """Casbin's `g(sub, role, dom)` over the engine's (domain, subject) → roles table."""
-
-    def g(sub: str, role: str, dom: str) -> bool:
-        roles = links.get((dom, sub))
-        return roles is not None and role in roles
-
-    return g
-
-
 def compile_engine(docs: Sequence[Document], revision: str) -> tuple[PolicyEngine, list[Problem]]:
     policy, problems = parse_rbac(docs)
     return PolicyEngine(revision, policy, compile_rbac(policy)), problems
 
 
 class DecisionCache:
-    """Bounded LRU of decisions, keyed by policy revision and every decision input.
-    Owner-dependent item decisions are keyed by the owner value too (never the whole
-    object), so two objects with the same owner share an entry."""
+    """Bounded LRU of what the policy grants, keyed by policy revision and every
+    decision input: the `match` of a request, whether any binding reaches its target
+    (`can_reach`), and whether a cluster-wide grant allows it (`cluster_wide`). The
+    verdict built from these (`decide.py`) is cheap; these are what cost."""
 
     def __init__(self, maxsize: int, metrics: Metrics | None = None) -> None:
         self._lru: LRUCache[Hashable, Any] = LRUCache(maxsize=max(1, maxsize))
@@ -451,41 +345,32 @@ class DecisionCache:
             "" if target.resource_request else target.path,
         )
 
-    def match(self, engine: PolicyEngine, identity: Identity, target: RequestTarget) -> Match:
-        key = self.key(engine, identity, target)
-        found = self._lru.get(key)
-        if isinstance(found, Match):
-            self._count(True)
-            return found
-        self._count(False)
-        m = engine.match(identity, target)
-        self._lru[key] = m
-        return m
-
-    def decide(
-        self, engine: PolicyEngine, identity: Identity, target: RequestTarget, obj: Any = None
-    ) -> Decision:
-        return self.finish(engine, self.match(engine, identity, target), identity, target, obj)
-
-    def finish(
+    def _get(
         self,
+        kind: str,
         engine: PolicyEngine,
-        m: Match,
         identity: Identity,
         target: RequestTarget,
-        obj: Any = None,
-    ) -> Decision:
-        """`engine.finish`, cached by owner value for owner-dependent item decisions."""
-        if not (m.owner_only and target.name and obj is not None):
-            return engine.finish(m, identity, target, None if not m.owner_only else obj)
-        owners = tuple(owner_value(obj, g.owner_field) for g in m.owner)
-        key = (*self.key(engine, identity, target), "owner", owners)
-        found = self._lru.get(key)
-        if isinstance(found, Decision):
-            return found
-        decision = engine.finish(m, identity, target, obj)
-        self._lru[key] = decision
-        return decision
+        compute: Callable[[Identity, RequestTarget], Any],
+    ) -> Any:
+        key = (kind, *self.key(engine, identity, target))
+        if key in self._lru:
+            self._count(True)
+            return self._lru[key]
+        self._count(False)
+        value = compute(identity, target)
+        self._lru[key] = value
+        return value
+
+    def match(self, engine: PolicyEngine, identity: Identity, target: RequestTarget) -> Match:
+        found: Match = self._get("match", engine, identity, target, engine.match)
+        return found
+
+    def can_reach(self, engine: PolicyEngine, identity: Identity, target: RequestTarget) -> bool:
+        return bool(self._get("reach", engine, identity, target, engine.can_reach))
+
+    def cluster_wide(self, engine: PolicyEngine, identity: Identity, target: RequestTarget) -> bool:
+        return bool(self._get("cluster", engine, identity, target, engine.cluster_wide))
 
     def __len__(self) -> int:
         return len(self._lru)

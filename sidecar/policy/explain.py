@@ -2,10 +2,11 @@
 
 Owns the explanation object of DESIGN §5 (`--json`), the evaluation of one
 `PolicyTest` case (`evaluate_case`, reused by `sidecar policy test`), and the argparse
-registration of the `explain` and `compile` subcommands. A case is decided exactly as
-the authorize stage decides: the engine's decision, then for writes of objects that
-carry an owner, unless a cluster-wide grant allows them, the same owner rule on the
-body (`engine.owner_checks` + `owner.enforce_owner`).
+registration of the `explain` and `compile` subcommands. Both decide with the one
+decision function (`decide.py`) the running sidecar uses, isolation and owner rules
+included, so `explain` says `notfound` exactly when the sidecar answers 404 and `deny`
+exactly when it answers 403. A case's `body`, when given, is checked as the sidecar
+checks the body of a write (a list is a JSON patch, a mapping a merge patch for PATCH).
 """
 
 from __future__ import annotations
@@ -18,17 +19,15 @@ from typing import Any
 
 from sidecar.context import Identity
 from sidecar.errors import StatusError
-from sidecar.isolation import outside_caller_tenant
 from sidecar.policy.bundle import PolicyBundle, load_bundle
 from sidecar.policy.compile import print_compiled
-from sidecar.policy.decision import Decision, Outcome
-from sidecar.policy.engine import Match
-from sidecar.policy.owner import enforce_owner, patch_kind
+from sidecar.policy.decide import NO_BODY, decide
+from sidecar.policy.decision import OUTCOMES as _OUTCOMES
+from sidecar.policy.decision import STATUS, Verdict
+from sidecar.policy.owner import PatchKind
 from sidecar.target import RequestTarget, TargetError, parse_target
 
-OUTCOMES = frozenset({"allow", "deny", "filter", "notfound"})
-# The quota API authorizes with the engine alone; it has no isolation stage.
-QUOTA_API_GROUP = "quota.sidecar"
+OUTCOMES = frozenset(_OUTCOMES)
 
 
 def parse_request(method: str, path: str) -> RequestTarget:
@@ -36,33 +35,35 @@ def parse_request(method: str, path: str) -> RequestTarget:
     return parse_target(method, raw_path, query)
 
 
-def _decide(
+def case_patch_kind(method: str, body: Any) -> PatchKind:
+    """How a test case's body is read: PATCH with a list is a JSON patch, PATCH with
+    a mapping a merge patch, anything else the whole object."""
+    if method.upper() != "PATCH":
+        return ""
+    return "json" if isinstance(body, list) else "merge"
+
+
+def explain_verdict(
     bundle: PolicyBundle,
     identity: Identity,
-    target: RequestTarget,
-    obj: Any,
+    method: str,
+    path: str,
+    obj: Any = None,
+    body: Any = NO_BODY,
     conceal: bool = True,
-) -> tuple[RequestTarget, Decision, Match]:
-    """Decide as the running sidecar does: the isolation stage first (a target outside
-    the caller's tenant that no binding reaches is `notfound`, or `deny` when
-    concealment is off), then the authorize stage's decision."""
-    engine = bundle.engine
-    if target.resource_request:
-        target = target.resolve_tenant(identity.tenant)
-        if (
-            target.api_group != QUOTA_API_GROUP
-            and outside_caller_tenant(identity, target)
-            and not engine.can_reach(identity, target)
-        ):
-            where = f"tenant {target.tenant!r}" if target.tenant is not None else "cluster level"
-            reason = (
-                f"isolation: {where} is outside the caller's tenant {identity.tenant!r} "
-                "and no binding in force reaches it"
-            )
-            outcome: Outcome = "notfound" if conceal else "deny"
-            return target, Decision(outcome, reason, bundle.revision), Match()
-    match = engine.match(identity, target)
-    return target, engine.finish(match, identity, target, obj), match
+) -> Verdict:
+    """The verdict for one request, as the running sidecar decides it. Raises
+    TargetError for a malformed path, a 400 StatusError for a body of the wrong type."""
+    target = parse_request(method, path)
+    return decide(
+        bundle,
+        identity,
+        target,
+        obj,
+        body,
+        conceal=conceal,
+        patch=case_patch_kind(method, body),
+    )
 
 
 def explain(
@@ -74,12 +75,13 @@ def explain(
     conceal: bool = True,
 ) -> dict[str, Any]:
     """The `policy explain --json` object. Raises TargetError for a malformed path."""
-    target, decision, _ = _decide(bundle, identity, parse_request(method, path), obj, conceal)
+    v = explain_verdict(bundle, identity, method, path, obj, conceal=conceal)
+    assert v.target is not None
     return {
-        "target": target.as_dict(),
-        "decision": decision.outcome,
-        "reason": decision.reason,
-        "revision": decision.revision,
+        "target": v.target.as_dict(),
+        "decision": v.outcome,
+        "reason": v.reason,
+        "revision": v.revision,
     }
 
 
@@ -97,8 +99,8 @@ def case_identity(raw: Any) -> Identity:
 def evaluate_case(
     bundle: PolicyBundle, case: Mapping[str, Any], conceal: bool = True
 ) -> tuple[str, str, str]:
-    """(actual outcome, reason, rule id) for one PolicyTest case. A malformed case or
-    request gives the outcome "error" with the reason."""
+    """(actual outcome, reason, rule id) for one PolicyTest case. A malformed case,
+    request or body gives the outcome "error" with the reason."""
     try:
         identity = case_identity(case.get("identity"))
         request = case.get("request")
@@ -107,30 +109,21 @@ def evaluate_case(
         method, path = request.get("method", "GET"), request.get("path")
         if not isinstance(method, str) or not isinstance(path, str):
             raise ValueError("'request' needs string 'method' and 'path'")
-        target, decision, match = _decide(
-            bundle, identity, parse_request(method, path), case.get("object"), conceal
+        body = request.get("body")
+        if isinstance(body, str):
+            body = json.loads(body)
+        v = explain_verdict(
+            bundle,
+            identity,
+            method,
+            path,
+            case.get("object"),
+            NO_BODY if body is None else body,
+            conceal,
         )
-    except (ValueError, TargetError) as exc:
+    except (ValueError, TargetError, StatusError) as exc:
         return "error", str(getattr(exc, "message", exc)), ""
-    body = request.get("body")
-    fields = bundle.engine.owner_checks(match, identity, target) if decision.allowed else ()
-    if body is not None and fields:
-        # A list body can only be a JSON patch; a mapping is a merge patch or an object.
-        content_type = (
-            "application/json-patch+json"
-            if isinstance(body, list)
-            else ("application/merge-patch+json")
-        )
-        try:
-            doc = json.loads(body) if isinstance(body, str) else body
-            enforce_owner(
-                doc, identity.tenant, fields, target.verb, patch_kind(method, content_type)
-            )
-        except ValueError:
-            return "error", "the case's body is not valid JSON", decision.rule_id
-        except StatusError as exc:
-            return ("deny" if exc.code == 403 else "error"), exc.message, decision.rule_id
-    return decision.outcome, decision.reason, decision.rule_id
+    return v.outcome, v.reason, v.rule_id
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,7 +165,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     target = result["target"]
     shown = ", ".join(f"{k}={v}" for k, v in target.items() if v not in (None, ""))
     print(f"target:   {shown}")
-    print(f"decision: {result['decision']}")
+    print(f"decision: {result['decision']} (HTTP {STATUS[result['decision']]})")
     print(f"reason:   {result['reason']}")
     print(f"revision: {result['revision']}")
     return 0

@@ -320,10 +320,13 @@ def policy_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Problem]
 
 
 def load_documents(paths: Sequence[str | Path]) -> LoadResult:
-    """Read all policy files; problems never raise, and the revision hashes the content."""
+    """Read all policy files; problems never raise. The revision hashes each file's
+    path relative to the policy directory it was found in (its name, for a file given
+    directly) and its contents: the same tree gives the same revision wherever it is
+    mounted and however its path is spelled (DESIGN §5)."""
     files, problems = policy_files(paths)
     documents: list[Document] = []
-    digest = hashlib.sha256()
+    hashed: list[tuple[int, str, bytes]] = []
     for path in files:
         name = str(path)
         try:
@@ -340,11 +343,28 @@ def load_documents(paths: Sequence[str | Path]) -> LoadResult:
         except UnicodeDecodeError:
             problems.append(Problem(name, 0, "file is not UTF-8 text"))
             continue
-        digest.update(name.encode() + b"\0" + raw + b"\0")
+        hashed.append((*_relative_name(path, paths), raw))
         docs, probs = parse_yaml_documents(text, name)
         documents.extend(docs)
         problems.extend(probs)
+    digest = hashlib.sha256()
+    for _, rel, raw in sorted(hashed, key=lambda h: (h[0], h[1])):
+        digest.update(rel.encode() + b"\0" + raw + b"\0")
     return LoadResult(documents, problems, digest.hexdigest()[:12])
+
+
+def _relative_name(path: Path, roots: Sequence[str | Path]) -> tuple[int, str]:
+    """(index of the root the file was found under, its path relative to that root,
+    with '/' separators)."""
+    for i, root in enumerate(roots):
+        root = Path(root)
+        if path == root:
+            return i, path.name
+        try:
+            return i, path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+    return len(roots), path.name
 
 
 def of_kind(documents: Iterable[Document], *kinds: str) -> list[Document]:

@@ -2,7 +2,7 @@
 
 - Changes are noticed with filesystem notifications (watchfiles) or, when
   `reload.pollSeconds > 0`, by polling a fingerprint of the policy files (path, size,
-  mtime, inode). `SIGHUP` forces a reload at once.
+  mtime, inode). `request(force=True)` (the app's SIGHUP handler) reloads at once.
 - A burst of edits is coalesced: the reload waits until nothing changed for
   `reload.debounceSeconds` (but never longer than 10 such windows in all).
 - Loading, validating and compiling run in a dedicated thread, so request handling
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -39,7 +38,6 @@ from sidecar.policy import retire
 from sidecar.policy.bundle import PolicyBundle
 from sidecar.policy.files import Problem, policy_files
 from sidecar.policy.store import PolicyStore
-from sidecar.runtime import Runtime
 
 log = logging.getLogger("sidecar.policy")
 
@@ -79,7 +77,6 @@ class Reloader:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._executor: ThreadPoolExecutor | None = None
-        self._signal_installed = False
         self._lock = asyncio.Lock()
         # Counters for tests and /readyz.
         self.attempts = 0
@@ -103,19 +100,9 @@ class Reloader:
             baseline = await loop.run_in_executor(None, fingerprint, self.store.paths)
             watcher = self._poll(baseline) if self.config.poll_seconds > 0 else self._notify()
             self._tasks.append(asyncio.create_task(watcher, name="policy-watch"))
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, self.request, True)
-            self._signal_installed = True
-        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
-            log.info("policy reload: SIGHUP not available here")
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._signal_installed:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            self._signal_installed = False
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -329,12 +316,4 @@ def _release(holder: list[Any]) -> bool:
     return True
 
 
-def make_reloader(rt: Runtime) -> Reloader:
-    """The reloader for a runtime; registers the `policy` readiness check. The app
-    adds `start`/`stop` to its startup/cleanup hooks."""
-    reloader = Reloader(rt.policy, rt.metrics, rt.config.reload)
-    rt.ready_checks["policy"] = reloader.ready
-    return reloader
-
-
-__all__ = ["Reloader", "fingerprint", "make_reloader"]
+__all__ = ["Reloader", "fingerprint"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sidecar.isolation import QUOTA_GROUP
+
 # (API group, plural)
 CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
     {
@@ -89,3 +91,9 @@ def owner_rule_warning(groups: Sequence[str], resources: Sequence[str]) -> str:
         "grants another tenant's objects (nor a list across tenants); it only filters "
         "objects inside the binding's own tenant"
     )
+
+
+# Cluster-scoped objects that stand for one tenant (named by it): the Tenant object and
+# the tenant's quota. Their target tenant is their name (`decide` sets it), so isolation
+# treats them as inside that tenant.
+TENANT_OBJECTS: frozenset[tuple[str, str]] = frozenset({("", "tenants"), (QUOTA_GROUP, "quotas")})

@@ -11,8 +11,9 @@ A suite is a list of cases, each an identity, a request and the expected outcome
       object: null          # the stored object, for owner rules (optional)
       expect: allow         # allow | deny | filter | notfound
 
-Cases are decided exactly as the running sidecar decides them (the engine's
-`evaluate_case`, isolation included). Coverage: every rule the policy compiles to has
+Cases are decided by the one decision function the running sidecar uses
+(`explain.evaluate_case` → `decide.decide`, isolation included), so an expected
+`notfound` is the sidecar's 404 and `deny` its 403. Coverage: every rule the policy compiles to has
 a stable id; a rule that allowed no case is reported as untested.
 """
 
@@ -252,7 +253,7 @@ def _plain(value: Any) -> Any:
 
 
 def default_evaluator(conceal: bool = True) -> Evaluator:
-    """Decide a case as the running sidecar does (isolation, then authorization)."""
+    """Decide a case with the running sidecar's decision function."""
     from sidecar.policy.explain import evaluate_case
 
     def evaluate(bundle: PolicyBundle, case: PolicyCase) -> tuple[str, str, str]:

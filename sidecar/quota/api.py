@@ -4,11 +4,13 @@ Routes (Magnum's names): `GET defaults`, `GET quotas` (list), `GET tenants/{t}` 
 `GET tenants/{t}/usage`, `PUT tenants/{t}/{resource}` `{"hard_limit": N}` (update), and
 the same three under `tenants/{t}/namespaces/{ns}`.
 
-Authorization: the defaults, and one's own tenant's quota and usage, are always
-readable by that tenant's users. Everything else is decided by the policy engine as
-the cluster-scoped resource `quotas` of API group `quota.sidecar` (verbs list, get,
-update). Reading another tenant's quota without the grant is a 404 (tenants cannot
-see each other); list and update without it are 403. An update for a tenant that does
+Authorization: the defaults are readable by every authenticated caller. Everything
+else is decided by the one decision function (`policy/decide.py`) as the
+cluster-scoped resource `quotas` of API group `quota.sidecar` named by the tenant
+(verbs list, get, update; reading one's own tenant's quota and usage is a built-in
+grant). A call naming another tenant without the grant is that tenant's 404 (tenants
+cannot see each other); listing, or updating one's own tenant's quota, without it is
+403. An update for a tenant that does
 not exist is a 404: a tenant exists when it is reserved (system, default), or the
 backing store answers 200 to `GET /api/v1/tenants/{t}`.
 
@@ -19,17 +21,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sidecar.context import Identity, RequestContext
-from sidecar.errors import StatusError, bad_request, forbidden, not_found, tenant_not_found
+from sidecar.context import RequestContext
+from sidecar.errors import StatusError, bad_request, not_found, tenant_not_found
+from sidecar.policy.decide import decide
+from sidecar.policy.engine import DecisionCache
+from sidecar.policy.quotas import QuotaPolicy, effective_limits, limit_error
+from sidecar.quantities import exact_units, format_units
 from sidecar.quota.ledger import TENANT_SCOPE, Ledger, LedgerError, Usage
-from sidecar.quota.meters import format_units
-from sidecar.quota.spec import QuotaPolicy, effective_limits, limit_error
-from sidecar.quota.stage import ledger_for, ledger_unavailable
-from sidecar.runtime import Runtime
+from sidecar.quota.stage import ledger_unavailable
 from sidecar.target import (
     DEFAULT_TENANT,
     SYSTEM_TENANT,
@@ -37,6 +40,9 @@ from sidecar.target import (
     Scope,
     is_dns1123_label,
 )
+
+if TYPE_CHECKING:
+    from sidecar.proxy import Upstream
 
 PREFIX = "/quota/v1"
 API_GROUP = "quota.sidecar"
@@ -140,8 +146,6 @@ class QuotaService:
             error = limit_error(resource, value)
             if error:
                 raise bad_request(error)
-            from sidecar.quota.meters import exact_units
-
             hard = exact_units(resource, value)
         if not await self.tenant_exists(tenant):
             raise tenant_not_found(tenant)
@@ -152,13 +156,13 @@ class QuotaService:
         return await self.show(tenant, namespace)
 
 
-def upstream_tenant_check(rt: Runtime) -> TenantCheck:
+def upstream_tenant_check(upstream: Upstream) -> TenantCheck:
     async def exists(tenant: str) -> bool:
         if tenant in (SYSTEM_TENANT, DEFAULT_TENANT):
             return True
         from sidecar.quota.reconcile import RECONCILER
 
-        status, _ = await rt.upstream.get_json(f"/api/v1/tenants/{tenant}", RECONCILER)
+        status, _ = await upstream.get_json(f"/api/v1/tenants/{tenant}", RECONCILER)
         if status == 200:
             return True
         if status == 404:
@@ -174,28 +178,52 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, indent=None))
 
 
-class QuotaApi:
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.service = QuotaService(
-            ledger_for(rt), lambda: rt.policy.current.quotas, upstream_tenant_check(rt)
-        )
+def quota_target(verb: str, tenant: str = "") -> RequestTarget:
+    """A quota API call as the request the policy decides (`policy test` cases write it
+    as `/apis/quota.sidecar/v1/quotas[/TENANT]`)."""
+    path = f"/apis/{API_GROUP}/v1/quotas" + (f"/{tenant}" if tenant else "")
+    return RequestTarget(
+        path=path,
+        verb=verb,
+        resource_request=True,
+        api_group=API_GROUP,
+        api_version="v1",
+        scope=Scope.CLUSTER,
+        tenant=tenant or None,
+        resource="quotas",
+        name=tenant,
+    )
 
-    def _allowed(self, ctx: RequestContext, verb: str, tenant: str = "") -> bool:
+
+class QuotaApi:
+    def __init__(
+        self,
+        service: QuotaService,
+        *,
+        conceal: bool = True,
+        cache: DecisionCache | None = None,
+    ) -> None:
+        self.service = service
+        self.conceal = conceal
+        self.cache = cache
+
+    def _authorize(self, ctx: RequestContext, verb: str, tenant: str = "") -> None:
+        """Decide with the one decision function: the call is the cluster-scoped
+        resource `quotas` of API group `quota.sidecar`, named by the tenant (so reading
+        another tenant's quota without the grant is that tenant's 404, and reading
+        one's own is a built-in grant). Always enforced: dry-run never opens it."""
         assert ctx.identity is not None
-        target = RequestTarget(
-            path=ctx.request.path,
-            verb=verb,
-            resource_request=True,
-            api_group=API_GROUP,
-            api_version="v1",
-            scope=Scope.CLUSTER,
-            resource="quotas",
-            name=tenant,
+        v = decide(
+            ctx.policy,
+            ctx.identity,
+            quota_target(verb, tenant),
+            conceal=self.conceal,
+            cache=self.cache,
         )
-        decision = ctx.policy.engine.decide(ctx.identity, target)
-        ctx.decision = decision
-        return decision.allowed
+        ctx.decision = v
+        ctx.audit["authz"] = {"decision": v.outcome, "reason": v.reason, "rule": v.rule_id}
+        if not v.allowed:
+            raise v.refusal()
 
     async def __call__(self, ctx: RequestContext) -> web.StreamResponse:
         identity = ctx.identity
@@ -214,11 +242,7 @@ class QuotaApi:
             return _json(self.service.defaults())
         if parts == ["quotas"]:
             _method(method, "GET")
-            if not self._allowed(ctx, "list"):
-                raise forbidden(
-                    f"user {identity.user!r} of tenant {identity.tenant!r} may not "
-                    "list quotas (quota.sidecar/quotas list)"
-                )
+            self._authorize(ctx, "list")
             return _json(await self.service.list())
         if len(parts) >= 2 and parts[0] == "tenants":
             tenant = parts[1]
@@ -233,26 +257,16 @@ class QuotaApi:
                 raise bad_request(f"invalid tenant name {tenant!r}")
             if not tail or tail == ["usage"]:
                 _method(method, "GET")
-                self._authorize_read(ctx, identity, tenant)
+                self._authorize(ctx, "get", tenant)
                 if tail:
                     return _json(await self.service.usage(tenant, namespace))
                 return _json(await self.service.show(tenant, namespace))
             if len(tail) == 1:
                 _method(method, "PUT")
-                if not self._allowed(ctx, "update", tenant):
-                    raise forbidden(
-                        f"user {identity.user!r} of tenant {identity.tenant!r} may "
-                        "not update quotas (quota.sidecar/quotas update)"
-                    )
+                self._authorize(ctx, "update", tenant)
                 body = await _read_json(ctx)
                 return _json(await self.service.update(tenant, namespace, tail[0], body))
         raise not_found("quota path", path)
-
-    def _authorize_read(self, ctx: RequestContext, identity: Identity, tenant: str) -> None:
-        if identity.tenant == tenant:
-            return
-        if not self._allowed(ctx, "get", tenant):
-            raise tenant_not_found(tenant)
 
 
 def _method(method: str, allowed: str) -> None:
@@ -264,7 +278,3 @@ def _method(method: str, allowed: str) -> None:
 
 async def _read_json(ctx: RequestContext) -> Any:
     return await ctx.read_json()
-
-
-def make_api_handler(rt: Runtime) -> Callable[[RequestContext], Awaitable[web.StreamResponse]]:
-    return QuotaApi(rt)

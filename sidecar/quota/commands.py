@@ -20,9 +20,9 @@ from sidecar.config import Config, ConfigError, load_config
 from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.policy.bundle import load_bundle
+from sidecar.policy.quotas import QuotaPolicy
 from sidecar.quota.api import QuotaService
 from sidecar.quota.ledger import Ledger, LedgerError, open_ledger
-from sidecar.quota.spec import QuotaPolicy
 from sidecar.target import DEFAULT_TENANT, SYSTEM_TENANT
 
 

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.context import Identity
 from sidecar.errors import StatusError
+from sidecar.quantities import TRACKED, QuantityError, Tracked
 from sidecar.quota.ledger import Ledger, LedgerError, ObjectRef, ReconcileResult
-from sidecar.quota.meters import TRACKED, Charge, QuantityError, Tracked, charge_for
+from sidecar.quota.meters import Charge, charge_for
 
 if TYPE_CHECKING:
-    from sidecar.runtime import Runtime
+    from sidecar.proxy import Upstream
 
 log = logging.getLogger("sidecar.quota.reconcile")
 PAGE_SIZE = 500
@@ -105,18 +106,20 @@ async def reconcile(
     return results
 
 
-def upstream_fetch(rt: Runtime) -> Fetch:
+def upstream_fetch(upstream: Upstream) -> Fetch:
+    """Lists of the backing store, read as the reconciler (the `system` tenant)."""
+
     async def fetch(path: str, query: list[tuple[str, str]]) -> tuple[int, Any]:
-        return await rt.upstream.get_json(path, RECONCILER, query)
+        return await upstream.get_json(path, RECONCILER, query)
 
     return fetch
 
 
 async def reconcile_tenant(
-    rt: Runtime, ledger: Ledger, tenant: str | None, log_errors: bool = False
+    fetch: Fetch, ledger: Ledger, tenant: str | None, log_errors: bool = False
 ) -> dict[str, ReconcileResult]:
     try:
-        results = await reconcile(ledger, upstream_fetch(rt), tenant)
+        results = await reconcile(ledger, fetch, tenant)
     except (ReconcileError, LedgerError, StatusError) as exc:
         if not log_errors:
             raise
@@ -138,10 +141,10 @@ async def reconcile_tenant(
     return results
 
 
-async def periodic(rt: Runtime, ledger: Ledger, interval: float) -> None:
+async def periodic(fetch: Fetch, ledger: Ledger, interval: float) -> None:
     """Reconcile every tenant every `interval` seconds (config.quota.reconcileIntervalSeconds)."""
     while True:
         await asyncio.sleep(interval)
         t0 = time.monotonic()
-        await reconcile_tenant(rt, ledger, None, log_errors=True)
+        await reconcile_tenant(fetch, ledger, None, log_errors=True)
         log.debug("quota reconcile took %.3fs", time.monotonic() - t0)

@@ -20,7 +20,9 @@ QuotaExceeded when there is no room), forwards, and on a 2xx records the new cha
 A successful DELETE returns the object's recorded charge; a deleted namespace or
 tenant returns all of its objects' charges, and a deletecollection triggers a
 reconcile of the tenant. Over quota → 403 QuotaExceeded (in dry-run: counted, logged,
-forwarded). A ledger that cannot be reached → 503 on tracked creates and on updates
+forwarded). A `dryRun=All` write (`is_dry_run_all`) is checked like any other (its
+reservation is released at once, before forwarding) and never committed; its delete
+returns no charge. A ledger that cannot be reached → 503 on tracked creates and on updates
 that raise a charge; its detail goes to the log, never into the body.
 """
 
@@ -31,14 +33,16 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError, bad_request, not_found
-from sidecar.pipeline import Handler, Stage
-from sidecar.policy.modes import DRY_RUN, mode_for
+from sidecar.metrics import Metrics
+from sidecar.pipeline import Handler
+from sidecar.quantities import QuantityError, Tracked, format_units, tracked_for
+from sidecar.quota.gauges import QuotaGauges
 from sidecar.quota.ledger import (
     Claim,
     ClaimConflict,
@@ -51,51 +55,26 @@ from sidecar.quota.ledger import (
     idempotency_claim,
     new_reservation_id,
     object_claim,
-    open_ledger,
 )
-from sidecar.quota.meters import (
-    Charge,
-    QuantityError,
-    Tracked,
-    charge_for,
-    format_units,
-    tracked_for,
-)
+from sidecar.quota.meters import Charge, charge_for
 from sidecar.quota.patch import MERGE, patch_kind, updated_object
-from sidecar.runtime import Runtime
+from sidecar.quota.reconcile import reconcile_tenant, upstream_fetch
 from sidecar.target import RequestTarget, Scope
 
+if TYPE_CHECKING:
+    from sidecar.proxy import Upstream
+
 log = logging.getLogger("sidecar.quota")
-LEDGER_KEY = "quota.ledger"
-GAUGE_INTERVAL = 5.0
 
 
-def ledger_for(rt: Runtime) -> Ledger:
-    """The process's one ledger, shared by the stage, the API and reconcile."""
-    existing = rt.extras.get(LEDGER_KEY)
-    if isinstance(existing, Ledger):
-        return existing
-    ledger = open_ledger(
-        rt.config.ledger,
-        rt.config.quota.reservation_ttl_seconds,
-        redis_prefix=rt.config.quota.redis_prefix,
-    )
-    rt.extras[LEDGER_KEY] = ledger
-
-    async def ready() -> tuple[bool, str]:
-        try:
-            await ledger.ping()
-        except LedgerError as exc:
-            log.debug("quota ledger not ready: %s", exc.detail)  # requests log it too
-            return False, f"ledger unavailable: {exc.reason}"
-        return True, "ledger reachable"
-
-    async def close() -> None:
-        await ledger.close()
-
-    rt.ready_checks["ledger"] = ready
-    rt.on_cleanup.append(close)
-    return ledger
+async def ledger_ready(ledger: Ledger) -> tuple[bool, str]:
+    """The `/readyz` check of the ledger (not required: reads work without it)."""
+    try:
+        await ledger.ping()
+    except LedgerError as exc:
+        log.debug("quota ledger not ready: %s", exc.detail)  # requests log it too
+        return False, f"ledger unavailable: {exc.reason}"
+    return True, "ledger reachable"
 
 
 def ledger_unavailable(exc: LedgerError, op: str, refused: str) -> StatusError:
@@ -138,28 +117,23 @@ def quota_error(e: QuotaExceeded) -> StatusError:
 class QuotaStage:
     name = "quota"
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.ledger = ledger_for(rt)
-        self.metrics = rt.metrics
-        self._dirty: set[str] = set()
+    def __init__(
+        self,
+        ledger: Ledger,
+        metrics: Metrics,
+        gauges: QuotaGauges,
+        upstream: Upstream,
+    ) -> None:
+        self.ledger = ledger
+        self.metrics = metrics
+        self.gauges = gauges
+        self.upstream = upstream
+        self.reconcile_fetch = upstream_fetch(upstream)
+        # Work that outlives its request: late releases, reconciles after deletes.
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._gauge_task: asyncio.Task[None] | None = None
-        rt.on_startup.append(self._start)
-        rt.on_cleanup.append(self._stop)
 
-    async def _start(self) -> None:
-        self._gauge_task = asyncio.create_task(self._gauge_loop())
-        interval = self.rt.config.quota.reconcile_interval_seconds
-        if interval > 0:
-            from sidecar.quota.reconcile import periodic
-
-            self._spawn(periodic(self.rt, self.ledger, interval))
-
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
         tasks = list(self._tasks)
-        if self._gauge_task is not None:
-            tasks.append(self._gauge_task)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -177,18 +151,18 @@ class QuotaStage:
             return await call_next(ctx)
         if target.subresource:
             return await call_next(ctx)
-        target = target.resolve_tenant(identity.tenant)
+        dry = await is_dry_run_all(ctx) if target.verb in WRITE_VERBS else False
         if target.verb == "create":
             tracked = _tracked_create(target)
             if tracked is not None:
-                return await self._create(ctx, call_next, target, tracked)
+                return await self._create(ctx, call_next, target, tracked, dry)
         elif target.verb in ("update", "patch"):
             tracked = _tracked_item(target)
             if tracked is not None and target.name and target.tenant:
-                return await self._update(ctx, call_next, target, tracked)
+                return await self._update(ctx, call_next, target, tracked, dry)
         elif target.verb in ("delete", "deletecollection"):
             response = await call_next(ctx)
-            if 200 <= response.status < 300:
+            if 200 <= response.status < 300 and not dry:
                 await self._after_delete(target)
             return response
         return await call_next(ctx)
@@ -196,7 +170,12 @@ class QuotaStage:
     # -- creates ----------------------------------------------------------------------
 
     async def _create(
-        self, ctx: RequestContext, call_next: Handler, target: RequestTarget, tracked: Tracked
+        self,
+        ctx: RequestContext,
+        call_next: Handler,
+        target: RequestTarget,
+        tracked: Tracked,
+        dry: bool = False,
     ) -> web.StreamResponse:
         assert ctx.identity is not None and target.tenant is not None
         tenant = target.tenant
@@ -207,7 +186,7 @@ class QuotaStage:
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         charge = _charge(tracked, body)
-        claim = _idempotency(ctx)
+        claim = None if dry else _idempotency(ctx)
         quotas = ctx.policy.quotas
         tenant_limits, _ = quotas.tenant_limits(tenant)
         ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
@@ -242,14 +221,17 @@ class QuotaStage:
             ) from None
         else:
             ctx.audit.setdefault("quota", "reserved")
-        self._dirty.add(tenant)
+        self.gauges.mark(tenant)
+        if dry:
+            await self._release_shielded(reservation)
+            return await self._checked_only(ctx, call_next)
 
-        captured = _capture(ctx)
+        ctx.read_whole_answer = True
         done = False
         try:
             response = await call_next(ctx)
             if 200 <= response.status < 300:
-                name = _created_name(captured.get("body"), body) or f"unnamed-{reservation.id}"
+                name = _created_name(_answer(response), body) or f"unnamed-{reservation.id}"
                 done = True
                 await asyncio.shield(self._commit(reservation, name, tracked.resource))
             return response
@@ -276,9 +258,8 @@ class QuotaStage:
         """Count a refusal; raise the 403 unless the caller's tenant is in dry-run."""
         assert ctx.identity is not None
         self.metrics.quota_refusals.labels(self.metrics.tenant(exc.tenant), exc.resource).inc()
-        self._dirty.add(exc.tenant)
-        mode = mode_for(self.rt.config.mode, ctx.policy.tenant_modes, ctx.identity.tenant)
-        if mode != DRY_RUN:
+        self.gauges.mark(exc.tenant)
+        if not ctx.dry_run:
             ctx.audit["quota"] = "refused"
             raise quota_error(exc) from None
         ctx.audit["quota"] = "would_refuse: " + quota_message(exc)
@@ -306,7 +287,12 @@ class QuotaStage:
     # -- updates and patches ----------------------------------------------------------
 
     async def _update(
-        self, ctx: RequestContext, call_next: Handler, target: RequestTarget, tracked: Tracked
+        self,
+        ctx: RequestContext,
+        call_next: Handler,
+        target: RequestTarget,
+        tracked: Tracked,
+        dry: bool = False,
     ) -> web.StreamResponse:
         assert ctx.identity is not None and target.tenant is not None
         method = ctx.request.method
@@ -369,12 +355,16 @@ class QuotaStage:
                 ) from None
             else:
                 ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
-            self._dirty.add(tenant)
-            captured = _capture(ctx)
+            self.gauges.mark(tenant)
+            if dry:
+                await self._release_shielded(lock)
+                lock = None
+                return await self._checked_only(ctx, call_next)
+            ctx.read_whole_answer = True
             response = await call_next(ctx)
             if 200 <= response.status < 300:
                 done = True
-                final = _response_charge(tracked, captured.get("body")) or new_charge
+                final = _response_charge(tracked, _answer(response)) or new_charge
                 await asyncio.shield(self._commit_change(lock, obj, final))
             return response
         finally:
@@ -385,7 +375,7 @@ class QuotaStage:
         self, ctx: RequestContext, target: RequestTarget, tracked: Tracked
     ) -> dict[str, Any]:
         """The object as the store has it now (never a cached copy)."""
-        status, current = await self.rt.upstream.get_json(
+        status, current = await self.upstream.get_json(
             ctx.request.rel_url.raw_path, ctx.identity, request_id=ctx.request_id
         )
         if status == 404:
@@ -432,43 +422,55 @@ class QuotaStage:
                     )
                 else:
                     return
-                self._dirty.add(target.tenant or target.name)
+                self.gauges.mark(target.tenant or target.name)
             elif _tracked_item(target) is not None and target.tenant:
-                from sidecar.quota.reconcile import reconcile_tenant
-
-                self._spawn(reconcile_tenant(self.rt, self.ledger, target.tenant, log_errors=True))
+                self._spawn(
+                    reconcile_tenant(
+                        self.reconcile_fetch, self.ledger, target.tenant, log_errors=True
+                    )
+                )
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("delete").inc()
             log.warning("quota delete bookkeeping failed (reconcile corrects it): %s", exc.detail)
 
-    # -- gauges -------------------------------------------------------------------------
+    # -- dryRun=All ----------------------------------------------------------------------
 
-    async def _gauge_loop(self) -> None:
-        while True:
-            await asyncio.sleep(GAUGE_INTERVAL)
-            dirty, self._dirty = self._dirty, set()
-            for tenant in dirty:
-                with contextlib.suppress(LedgerError):
-                    await update_gauges(self.rt, self.ledger, tenant)
+    async def _checked_only(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
+        """A `dryRun=All` write whose quota check passed (and whose reservation is already
+        released): forwarded with its dryRun, never committed, nothing charged."""
+        ctx.audit["quota"] = "checked (dryRun=All)"
+        return await call_next(ctx)
 
 
-async def update_gauges(rt: Runtime, ledger: Ledger, tenant: str) -> None:
-    """Refresh the used / in_progress / hard gauges of one tenant (tenant-wide totals)."""
-    from sidecar.quota.spec import effective_limits
+# -- dryRun=All: is this write a dry run? ----------------------------------------------
 
-    label = rt.metrics.tenant(tenant)
-    if label != tenant:
-        return  # past the label cap: per-tenant gauges would only mix tenants
-    usage = await ledger.usage(tenant)
-    file_limits, source = rt.policy.current.quotas.tenant_limits(tenant)
-    hard, _ = effective_limits(file_limits, source, usage.limits.get("", {}))
-    m = rt.metrics
-    for res, n in usage.used.get("", {}).items():
-        m.quota_used.labels(label, res).set(n)
-    for res in set(usage.used.get("", {})) | set(usage.in_progress.get("", {})):
-        m.quota_in_progress.labels(label, res).set(usage.get_in_progress("", res))
-    for res, n in hard.items():
-        m.quota_hard.labels(label, res).set(n)
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+DRY_RUN_ALL = "All"
+
+
+async def is_dry_run_all(ctx: RequestContext) -> bool:
+    """Whether a write is a `dryRun=All` (DESIGN §7): such a write is checked against
+    the quota but charges nothing, and the store validates it and stores nothing.
+
+    Kubernetes takes `?dryRun=All` on every write, and on a delete also `"dryRun":
+    ["All"]` in a DeleteOptions body, which is where `kubectl delete --dry-run=server`
+    puts it. `All` is the only value: another (an empty one included) is 400."""
+    request = ctx.request
+    values: list[object] = list(request.query.getall("dryRun", []))
+    if request.method == "DELETE" and request.body_exists:
+        options = await ctx.read_json()
+        if isinstance(options, dict) and "dryRun" in options:
+            listed = options["dryRun"]
+            if not isinstance(listed, list):
+                raise bad_request('DeleteOptions.dryRun must be a list, e.g. ["All"]')
+            values.extend(listed)
+    for value in values:
+        if value != DRY_RUN_ALL:
+            raise bad_request(
+                f"invalid dryRun value {repr(value)[:40]}: the only supported value is "
+                f"{DRY_RUN_ALL!r}"
+            )
+    return bool(values)
 
 
 def _charge(tracked: Tracked, obj: dict[str, Any]) -> Charge:
@@ -487,19 +489,10 @@ def _response_charge(tracked: Tracked, raw: bytes | None) -> Charge | None:
         return None
 
 
-def _capture(ctx: RequestContext) -> dict[str, bytes]:
-    """Have the proxy read the whole answer and keep a copy of it here."""
-    captured: dict[str, bytes] = {}
-    previous = ctx.response_filter
-
-    def capture(status: int, data: bytes) -> bytes:
-        if previous is not None:
-            data = previous(status, data)
-        captured["body"] = data
-        return data
-
-    ctx.response_filter = capture
-    return captured
+def _answer(response: web.StreamResponse) -> bytes | None:
+    """The body of an answer the proxy read whole (`ctx.read_whole_answer`)."""
+    body = response.body if isinstance(response, web.Response) else None
+    return body if isinstance(body, bytes) else None
 
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -553,7 +546,3 @@ def _created_name(response_body: bytes | None, request_body: dict[str, Any]) -> 
         if isinstance(name, str) and name:
             return name
     return ""
-
-
-def make_stage(rt: Runtime) -> Stage:
-    return QuotaStage(rt)

@@ -25,8 +25,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from sidecar.metrics import Metrics
+from sidecar.policy.ratelimits import Rate
 from sidecar.ratelimit.local import Verdict
-from sidecar.ratelimit.spec import Rate
 from sidecar.redact import redact_text, redact_url
 
 log = logging.getLogger("sidecar.ratelimit")

@@ -1,10 +1,11 @@
 """The local rate-limit tier: aiolimiter buckets in a bounded LRU, per process.
 
-Owns bucket lookup (creating a bucket full, re-sizing it on a policy reload without a
-free burst), the check-then-acquire of several buckets at once, the bounded wait
-(`rateLimit.maxWait`), and the numbers behind the 429 headers. A bucket evicted from
-the LRU is recreated full; the LRU evicts the least recently used, i.e. the buckets
-most likely to have refilled already.
+Owns the bucket (aiolimiter's leaky bucket, level = tokens in use), bucket lookup
+(creating a bucket full, re-sizing it on a policy reload without a free burst), the
+check-then-take of several buckets at once, the
+bounded wait (`rateLimit.maxWait`), and the numbers behind the 429 headers. A bucket
+evicted from the LRU is recreated full; the LRU evicts the least recently used, i.e.
+the buckets most likely to have refilled already.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from aiolimiter import AsyncLimiter
 from cachetools import LRUCache
 
-from sidecar.ratelimit.spec import Rate
+from sidecar.policy.ratelimits import Rate
 
 Clock = Callable[[], float]
 
@@ -29,8 +30,12 @@ _EPS = 1e-6
 class Bucket(AsyncLimiter):
     """A token bucket of `rate.burst` tokens refilled at `rate.rate` per second.
 
-    aiolimiter's leaky bucket with level = tokens used; `clock` replaces the event
-    loop's clock (tests inject one); None keeps aiolimiter's own.
+    aiolimiter's leaky bucket (DESIGN §6) with level = tokens in use. It reads and
+    sets aiolimiter's private `_level`/`_last_check`/`_rate_per_sec`, which aiolimiter
+    offers no public way to (the 429 headers need the level, a policy reload must carry
+    it over, tests inject a clock): aiolimiter is pinned below its next minor release
+    and tests/test_dependency_contracts.py fails by name if those change.
+    `clock` replaces the event loop's clock; None keeps aiolimiter's own.
     """
 
     __slots__ = ("_clock", "spec")
@@ -49,6 +54,12 @@ class Bucket(AsyncLimiter):
             elapsed = now - self._last_check
             self._level = max(self._level - elapsed * self._rate_per_sec, 0.0)
         self._last_check = now
+
+    def take(self, amount: float = 1) -> None:
+        """Use `amount` tokens at once (callers check `has_capacity` first; unlike
+        `acquire`, this never waits, so check-then-take never yields)."""
+        self._leak()
+        self._level += amount
 
     def has_capacity(self, amount: float = 1) -> bool:
         self._leak()
@@ -162,10 +173,10 @@ class LocalLimiter:
         while True:
             short = [b for b in buckets if not b.has_capacity()]
             if not short:
-                # Capacity was just checked and acquire() does not yield when there
-                # is capacity, so taking from every bucket here is atomic.
+                # Capacity was just checked and nothing here yields, so taking from
+                # every bucket is atomic.
                 for b in buckets:
-                    await b.acquire()
+                    b.take()
                 return tightest([_state(b, True) for b in buckets])
             wait = max(b.wait_seconds() for b in short)
             if max_wait <= 0:

@@ -1,7 +1,7 @@
 """The rate-limit stages: per-tenant limits right after authentication, and the
 per-address limit for unauthenticated requests before identity (DESIGN §1, §6).
 
-`make_stage(rt)` runs before isolation, authorization, owner lookups, body reads and
+`TenantRateLimitStage` runs before isolation, authorization, owner lookups, body reads and
 access reviews, so every request of an authenticated caller (allowed, concealed or
 refused later) spends from its own tenant's budget, and an over-limit caller costs no
 upstream call. It keys every bucket by the CALLER's tenant (from `ctx.identity`),
@@ -12,7 +12,7 @@ the rest of the chain; a refusal reads no body and makes no upstream call. In dr
 mode (global or per tenant) would-be refusals are counted as `would_limit` and the
 request goes on.
 
-`make_anonymous_stage(rt)` runs before identity. A request with no credentials at
+`AnonymousRateLimitStage` runs before identity. A request with no credentials at
 all is charged to its client address's bucket before any authentication work. A
 request with credentials is never limited by the address (many tenants share one
 address behind a load balancer); only when its authentication FAILS is the failure
@@ -22,24 +22,19 @@ answered 429 instead of 401.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-
 from aiohttp import web
 
-from sidecar.config import Config
+from sidecar.config import RateLimitConfig
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
-from sidecar.pipeline import Handler, Stage
-from sidecar.policy.modes import DRY_RUN, mode_for
+from sidecar.pipeline import Handler
+from sidecar.policy.ratelimits import Rate, TenantLimits
 from sidecar.ratelimit.gcra_redis import DEFAULT_PREFIX, GlobalTier
 from sidecar.ratelimit.inflight import InFlight
 from sidecar.ratelimit.local import Clock, LocalLimiter, Verdict, tightest
-from sidecar.ratelimit.spec import Rate, TenantLimits
 from sidecar.redact import redact_url as redact
-from sidecar.runtime import Runtime
 
-EXTRAS_KEY = "ratelimit"
 LOCAL, GLOBAL, INFLIGHT, WATCHES, ANONYMOUS = (
     "local",
     "global",
@@ -55,14 +50,13 @@ class RateLimiter:
 
     def __init__(
         self,
-        config: Config,
+        config: RateLimitConfig,
         metrics: Metrics,
         *,
         clock: Clock | None = None,
         global_tier: GlobalTier | None = None,
     ) -> None:
-        rl = config.rate_limit
-        self.config = config
+        rl = config
         self.metrics = metrics
         self.max_wait = rl.max_wait
         self.local = LocalLimiter(rl.max_buckets, clock)
@@ -85,8 +79,9 @@ class RateLimiter:
         metrics = self.metrics
         metrics.child(metrics.ratelimit, metrics.tenant(tenant), tier, result).inc()
 
-    def dry_run(self, ctx: RequestContext, tenant: str | None) -> bool:
-        return mode_for(self.config.mode, ctx.policy.tenant_modes, tenant) == DRY_RUN
+    async def close(self) -> None:
+        if self.global_tier is not None:
+            await self.global_tier.close()
 
     async def ready(self, policy_describe: str) -> tuple[bool, str]:
         detail = policy_describe
@@ -143,7 +138,7 @@ class TenantRateLimitStage:
         if limits is None and not watching:
             return await call_next(ctx)
         lim = self.limiter
-        dry = lim.dry_run(ctx, tenant)
+        dry = ctx.dry_run
         specs = bucket_specs(limits, identity.user, verb) if limits is not None else []
         keys = [((tenant, suffix), spec) for suffix, spec in specs]
 
@@ -243,7 +238,7 @@ class AnonymousRateLimitStage:
         if not has_credentials(ctx.request):
             verdict = await lim.anonymous.acquire([(address, spec)], 0.0)
             if verdict is not None and not verdict.allowed:
-                if not lim.dry_run(ctx, None):
+                if not ctx.dry_run:
                     lim.count("", ANONYMOUS, LIMITED)
                     ctx.audit["ratelimit"] = "limited:anonymous"
                     raise too_many(
@@ -270,9 +265,9 @@ class AnonymousRateLimitStage:
         lim = self.limiter
         bucket = lim.anonymous.bucket(address, spec)
         if bucket.has_capacity():
-            await bucket.acquire()
+            bucket.take()
             return
-        if lim.dry_run(ctx, None):
+        if ctx.dry_run:
             lim.count("", ANONYMOUS, WOULD_LIMIT)
             return
         lim.count("", ANONYMOUS, LIMITED)
@@ -286,37 +281,8 @@ class AnonymousRateLimitStage:
         )
 
 
-def limiter_for(rt: Runtime) -> RateLimiter:
-    """The one RateLimiter of this runtime, created (and hooked up) on first use."""
-    existing = rt.extras.get(EXTRAS_KEY)
-    if isinstance(existing, RateLimiter):
-        return existing
-    limiter = RateLimiter(rt.config, rt.metrics)
-    rt.extras[EXTRAS_KEY] = limiter
-    tier = limiter.global_tier
-    if tier is not None:
-        rt.on_cleanup.append(tier.close)
-
-    def ready() -> Awaitable[tuple[bool, str]]:
-        return limiter.ready(rt.policy.current.rate_limits.describe())
-
-    rt.ready_checks["ratelimit"] = ready
-    return limiter
-
-
-def make_stage(rt: Runtime) -> Stage:
-    return TenantRateLimitStage(limiter_for(rt))
-
-
-def make_anonymous_stage(rt: Runtime) -> Stage:
-    return AnonymousRateLimitStage(limiter_for(rt))
-
-
 __all__ = [
     "AnonymousRateLimitStage",
     "RateLimiter",
     "TenantRateLimitStage",
-    "limiter_for",
-    "make_anonymous_stage",
-    "make_stage",
 ]

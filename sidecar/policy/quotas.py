@@ -2,8 +2,9 @@
 
 Owns their validation (problems with file:line for negative or fractional limits,
 unknown quota resources, unparsable quantities, missing or duplicate scopes) and the
-`QuotaPolicy` value: limits in the ledger's integer units (see meters.py). Limits set
-through the quota API live in the ledger, not here; `effective_limits` merges both.
+`QuotaPolicy` value: limits in the ledger's integer units (`sidecar/quantities.py`).
+Limits set through the quota API live in the ledger, not here; `effective_limits`
+merges both. The quota stage and API (`sidecar/quota/`) enforce what this describes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.policy.files import Document, Node, Problem
-from sidecar.quota.meters import QUOTA_RESOURCES, QuantityError, exact_units
+from sidecar.quantities import QUOTA_RESOURCES, QuantityError, exact_units
 from sidecar.target import is_dns1123_label
 
 QUOTA_KINDS = frozenset({"QuotaDefaults", "TenantResourceQuota", "ResourceQuota"})

@@ -1,0 +1,57 @@
+"""What every authenticator shares: the `Authenticator` interface, the names of the
+authenticators, the rules for user, group and tenant names, and the 401 for bad
+credentials."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Protocol
+
+from aiohttp import web
+
+from sidecar.context import Identity
+from sidecar.errors import StatusError, unauthorized
+from sidecar.target import is_dns1123_label
+
+JWT = "jwt"
+STATIC = "static-token"
+TRUSTED = "trusted-headers"
+
+# RFC 6750 b64token.
+BEARER = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+MAX_NAME = 256
+# Control characters (C0 and C1, e.g. U+0085), line and paragraph separators
+# (U+2028, U+2029) and lone surrogates: a name holding one could break a log line.
+_NOT_IN_NAMES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+class Authenticator(Protocol):
+    """Returns the caller, or None when the request carries nothing it recognises.
+    Recognised but invalid credentials raise a 401 `StatusError` with the reason."""
+
+    name: str
+
+    def authenticate(self, request: web.Request, bearer: str | None) -> Identity | None: ...
+
+
+def reject(message: str) -> StatusError:
+    """The 401 for credentials that were recognised but are not valid."""
+    return unauthorized(message)
+
+
+def printable(value: str) -> bool:
+    """User and group names become header values and log fields: bounded, and no
+    character that any reader could take for a line break or a control."""
+    return 0 < len(value) <= MAX_NAME and not any(
+        unicodedata.category(c) in _NOT_IN_NAMES for c in value
+    )
+
+
+def tenant_name(value: object, source: str) -> str:
+    """`value` as a tenant name (a DNS-1123 label), else a 401 naming `source`."""
+    if not isinstance(value, str) or not value:
+        raise reject(f"{source} has no tenant")
+    if not is_dns1123_label(value):
+        raise reject(f"the tenant {value[:70]!r} of {source} is not a DNS-1123 label")
+    return value
