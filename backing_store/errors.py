@@ -2,7 +2,7 @@
 
 The store is a separate service and imports nothing from the sidecar; the sidecar has
 its own copy of these rules (`sidecar/errors.py`). A contract test
-(tests/test_architecture.py) checks that both give byte-for-byte the same bodies, so
+(tests/system/test_architecture.py) checks that both give byte-for-byte the same bodies, so
 that a tenant the sidecar conceals gets exactly the 404 of a tenant the store does
 not know.
 """

@@ -135,7 +135,8 @@ def bench(label: str, lines: int, tenants: int, n: int) -> dict[str, object]:
         t1 = time.perf_counter()
         engine, problems = compile_engine(result.documents, result.revision)
         t2 = time.perf_counter()
-    assert not problems and not result.problems, (problems[:3], result.problems[:3])
+    assert not problems, (problems[:3], result.problems[:3])
+    assert not result.problems, (problems[:3], result.problems[:3])
     reqs = requests(users, n, rnd)
     cache = DecisionCache(maxsize=n * 2)
     timer = time.perf_counter_ns

@@ -17,7 +17,7 @@ The rest of the framing rules live where they apply: `handler_args` in `app.py`
 (bodies are never decompressed, the header timeout), `proxy.py` (what is forwarded).
 
 `request.writer` and `request.protocol.force_close()` are aiohttp internals (aiohttp
-is pinned; tests/test_dependency_contracts.py checks both).
+is pinned; tests/system/test_dependency_contracts.py checks both).
 """
 
 from __future__ import annotations

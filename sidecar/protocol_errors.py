@@ -9,7 +9,7 @@ requests, unauthenticated, so they must not be able to flood the log.
 
 aiohttp offers no hook for these answers, so `install()` replaces a method of its
 `RequestHandler` for the whole process. That is an aiohttp internal: aiohttp is pinned
-below its next minor release, and tests/test_dependency_contracts.py fails if the
+below its next minor release, and tests/system/test_dependency_contracts.py fails if the
 method's signature or the way parser errors reach it changes.
 """
 

@@ -1,15 +1,34 @@
-"""Shared fixtures: real processes and the real Redis, each test on its own keys."""
+"""Shared fixtures, the one place tests get their rigs from (the code is in tests/rigs/):
+
+- the real-process rig: `procs` (start the real store / sidecar as processes, all stopped
+  at teardown), `store` (the real backing store as a process), `stack` (store + sidecar
+  with tenants acme and beta, tests/rigs/stack.py);
+- the in-process rig: `recording_upstream` (an aiohttp server that records what reaches
+  it) and `inprocess_sidecar` (the real `build_app` served in-process in front of an
+  upstream, tests/rigs/inprocess.py);
+- `fake_clock` (tests/rigs/clock.py) and `ledger` (each backend, on the fake clock);
+- the real Redis (`redis_url`, `redis_prefix`: each test on its own keys), the real
+  `kubectl` (`kubectl_binary`), and an aiohttp client session (`http`).
+
+Under `CI=true` a missing Redis or kubectl fails the test instead of skipping it."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
-from tests import harness
+from sidecar.quota.ledger import Ledger
+from tests.rigs import inprocess, kube, processes
+from tests.rigs.clock import FakeClock
+from tests.rigs.ledgers import BACKENDS, make_ledger
+from tests.rigs.stack import Env, running_env
 
 REDIS_URL = os.environ.get("SIDECAR_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -52,17 +71,87 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
         client.close()
 
 
+@pytest.fixture(scope="session")
+def kubectl_binary() -> str:
+    """The real kubectl; skips where it is absent, fails under CI=true."""
+    return kube.kubectl_binary()
+
+
+# -- the real-process rig ---------------------------------------------------------------
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[harness.Proc]:
+def procs(tmp_path: Path) -> Iterator[processes.Processes]:
+    """Start the real store / sidecar as processes (`procs.store()`, `procs.sidecar(config)`);
+    every one is stopped when the test ends."""
+    started = processes.Processes(tmp_path)
+    yield started
+    started.stop_all()
+
+
+@pytest.fixture
+def store(procs: processes.Processes) -> processes.Proc:
     """The real backing store as a process."""
-    proc = harness.start_store(tmp_path)
-    yield proc
-    proc.stop()
+    return procs.store()
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[object]:
-    import aiohttp
+async def stack(tmp_path: Path) -> AsyncIterator[Env]:
+    """The real store and sidecar, tenants acme and beta (ns1 each), 5 configmaps/servers
+    of quota per tenant (tests/rigs/stack.py; `running_env` for other settings)."""
+    async with running_env(tmp_path, limit=5) as env:
+        yield env
 
+
+# -- the in-process rig -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def recording_upstream() -> AsyncIterator[inprocess.RecordingUpstream]:
+    """An in-process upstream on 127.0.0.1 that records every request and answers 200."""
+    async with inprocess.recording_upstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def inprocess_sidecar(tmp_path: Path) -> inprocess.InProcessSidecar:
+    """`async with inprocess_sidecar(upstream_url, overrides) as url:` the real sidecar app
+    in-process on a random loopback port (test policy, no reload, ledger in tmp_path)."""
+
+    def start(
+        upstream: str, overrides: dict[str, Any] | None = None
+    ) -> AbstractAsyncContextManager[str]:
+        return inprocess.running_sidecar(tmp_path, upstream, overrides)
+
+    return start
+
+
+# -- clocks and ledgers -----------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A clock that moves only when the test advances it."""
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def ledger(
+    request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock
+) -> AsyncIterator[Ledger]:
+    """A ledger of each backend (SQLite in tmp_path, Redis under this test's own prefix)
+    on `fake_clock`, with a 60 s reservation TTL."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")
+        led = make_ledger("redis", tmp_path, fake_clock, redis_url=url, prefix=prefix)
+    else:
+        led = make_ledger("sqlite", tmp_path, fake_clock)
+    yield led
+    await led.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session

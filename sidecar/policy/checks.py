@@ -7,6 +7,7 @@
   resource that may be namespaced. Owner rules reach cluster-scoped objects only
   (DESIGN §5), so such a rule never grants another tenant's objects; its author
   probably expected it to.
+- Lint (`lint`, warnings too, failing only `policy check --strict`): see `lint`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sidecar.policy.diff import Atom, rule_atoms
 from sidecar.policy.files import Document, Node, NodeList, Problem
-from sidecar.policy.scopes import owner_rule_warning
+from sidecar.policy.rbac import TENANT_ROLE_BINDING, RbacPolicy, Rule
+from sidecar.policy.scopes import is_tenant_scoped, owner_rule_warning
 from sidecar.target import DEFAULT_TENANT, SYSTEM_TENANT
 
 RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
@@ -82,4 +85,91 @@ def warnings(docs: Sequence[Document]) -> list[Problem]:
             )
             if message:
                 out.append(Problem(doc.file, rules.line_of(i), message))
+    return out
+
+
+def lint(policy: RbacPolicy) -> list[Problem]:
+    """Warnings about the RBAC policy as a whole (`policy check`; they fail only with
+    `--strict`): roles nothing binds, bindings to roles that grant nothing, rules
+    wholly shadowed by a broader rule of the same subject, owner rules on tenant-scoped
+    resources (namespaced ones: `warnings`), and TenantRoleBindings granting every verb
+    on every resource."""
+    out: list[Problem] = []
+    bound = {b.role.key for b in policy.bindings}
+    for role in policy.roles.values():
+        if role.key not in bound:
+            out.append(Problem(role.file, role.line, f"WARNING: {role.label} is bound by nothing"))
+        for rule in role.rules:
+            if (
+                rule.owner
+                and rule.resources
+                and _all_tenant_scoped(rule.api_groups, rule.resources)
+            ):
+                out.append(_at(rule.rule_id, (
+                    f"WARNING: 'when: owner' on tenant-scoped {', '.join(rule.resources)}: owner "
+                    "rules never reach another tenant's objects, so this rule only filters "
+                    "objects inside the binding's own tenant"
+                )))  # fmt: skip
+    for b in policy.bindings:
+        if not b.role.rules:
+            out.append(
+                Problem(
+                    b.file, b.line, f"WARNING: {b.label} binds {b.role.label}, which grants nothing"
+                )
+            )
+        if b.kind == TENANT_ROLE_BINDING and any(
+            "*" in r.verbs and "*" in r.resources and "*" in r.api_groups and not r.owner
+            for r in b.role.rules
+        ):
+            out.append(Problem(b.file, b.line, (
+                f"WARNING: {b.label} grants every verb on every resource ('*' on '*') in "
+                f"tenant {b.tenant!r} through {b.role.label}"
+            )))  # fmt: skip
+    out += _shadowed(policy)
+    return sorted(set(out), key=lambda p: (p.file, p.line, p.message))
+
+
+def _at(rule_id: str, message: str) -> Problem:
+    file, _, line = rule_id.rpartition(":")
+    return Problem(file, int(line) if line.isdigit() else 0, message)
+
+
+def _all_tenant_scoped(groups: Sequence[str], resources: Sequence[str]) -> bool:
+    known = [g for g in groups if g != "*"]
+    return bool(known) and all(
+        any(is_tenant_scoped(g, r) for g in known) and r != "*" for r in resources
+    )
+
+
+def _shadowed(policy: RbacPolicy) -> list[Problem]:
+    """A rule in force for a subject through one binding, every request of which another
+    rule in force for the same subject at the same or a broader scope already grants."""
+    # subject → [(domain, rule, atoms, via)]
+    held: dict[str, list[tuple[str, Rule, list[Atom], str]]] = {}
+    for b in policy.bindings:
+        for rule in b.role.rules:
+            atoms = rule_atoms(rule)
+            via = f"{b.label} → {b.role.label} → rule {rule.rule_id}"
+            for s in b.subjects:
+                held.setdefault(s.key, []).append((b.domain, rule, atoms, via))
+    out: list[Problem] = []
+    for entries in held.values():
+        for dom, rule, atoms, via in entries:
+            for odom, other, oatoms, ovia in entries:
+                if other.rule_id == rule.rule_id and odom == dom:
+                    continue
+                if not (odom == "*" or odom == dom or dom.startswith(f"{odom}/")):
+                    continue
+                if other.owner and (not rule.owner or other.owner_field != rule.owner_field):
+                    continue
+                if all(any(a.within(o) for o in oatoms) for a in atoms) and not (
+                    odom == dom
+                    and all(any(o.within(a) for a in atoms) for o in oatoms)
+                    and other.rule_id > rule.rule_id
+                ):
+                    out.append(_at(rule.rule_id, (
+                        f"WARNING: rule shadowed: everything {via} grants is already granted "
+                        f"by {ovia}"
+                    )))  # fmt: skip
+                    break
     return out

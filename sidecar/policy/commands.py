@@ -3,7 +3,8 @@
 
 - `check DIR…` prints every problem as `file:line: message` (all of them, one run)
   and exits 1 if there is any; warnings (`file:line: WARNING: …`) are printed too but
-  never change the exit status.
+  never change the exit status unless `--strict`; lint warnings (unbound roles, empty
+  roles, shadowed rules, …: `checks.lint`) go to stderr, and only for a valid tree.
 - `test DIR…` runs every `PolicyTest` case, prints one line per failing case
   (expected vs actual and the reason), the summary `N passed, M failed`, and the
   rules no case exercised; exits 1 on a failure, a policy problem, or no cases.
@@ -15,9 +16,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sidecar.policy import explain
+from sidecar.policy import diff, explain, whocan
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.checks import cross_document_problems, warnings
+from sidecar.policy.checks import cross_document_problems, lint, warnings
 from sidecar.policy.files import Problem
 from sidecar.policy.testing import PolicyCase, parse_tests, run_tests
 
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Validate policy files; prints 'file:line: message' per problem.",
     )
     check.add_argument("dirs", nargs="+", metavar="DIR")
+    check.add_argument("--strict", action="store_true", help="warnings fail the check too")
     check.set_defaults(func=_check)
 
     test = sub.add_parser(
@@ -46,6 +48,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     test.set_defaults(func=_test)
 
     explain.add_commands(sub)
+    diff.add_command(sub)
+    whocan.add_commands(sub)
 
 
 def validate(dirs: Sequence[str]) -> tuple[PolicyBundle, list[Problem], list[PolicyCase]]:
@@ -63,10 +67,22 @@ def _check(args: argparse.Namespace) -> int:
     bundle, problems, _ = validate(args.dirs)
     for p in problems:
         print(p)
-    for w in warnings(bundle.documents):
+    found = warnings(bundle.documents)
+    for w in found:
         print(w)
+    if not problems:
+        # Lint reads the compiled policy, which a broken tree does not give whole (a
+        # dropped binding would make its role look unbound). Its warnings go to stderr,
+        # with the summary, so stdout stays `file:line` problems and rule warnings.
+        linted = lint(bundle.engine.policy)
+        for w in linted:
+            print(w, file=sys.stderr)
+        found += linted
     if problems:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    if found and args.strict:
+        print(f"{len(found)} warning(s) (--strict)", file=sys.stderr)
         return 1
     print(f"ok: {len(bundle.documents)} documents, revision {bundle.revision}", file=sys.stderr)
     return 0

@@ -11,7 +11,7 @@ domain lookups, and only those roles' lines for the requested resource (plus wil
 lines) are evaluated. Cost depends on the caller's bindings, never on the policy's
 size. The model's matcher is evaluated in plain Python (`_in_force` and the functions
 of `compile.py`), not with Casbin's private expression builder; the property test
-`tests/test_policy_property.py` checks every answer against a plain pycasbin Enforcer
+`tests/sidecar/policy/test_engine_property.py` checks every answer against a plain pycasbin Enforcer
 over the same model and lines, so a change of Casbin that changed the model's
 meaning fails there.
 """

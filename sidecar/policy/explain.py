@@ -5,8 +5,10 @@ Owns the explanation object of DESIGN §5 (`--json`), the evaluation of one
 registration of the `explain` and `compile` subcommands. Both decide with the one
 decision function (`decide.py`) the running sidecar uses, isolation and owner rules
 included, so `explain` says `notfound` exactly when the sidecar answers 404 and `deny`
-exactly when it answers 403. A case's `body`, when given, is checked as the sidecar
-checks the body of a write (a list is a JSON patch, a mapping a merge patch for PATCH).
+exactly when it answers 403. A refused request is explained with its near misses:
+the caller's own rules that almost allowed it, and what differed. A case's `body`,
+when given, is checked as the sidecar checks the body of a write (a list is a JSON
+patch, a mapping a merge patch for PATCH).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any
 from sidecar.context import Identity
 from sidecar.errors import StatusError
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.compile import print_compiled
+from sidecar.policy.compile import NO_DOMAIN, print_compiled, rule_match, tenant_ok
 from sidecar.policy.decide import NO_BODY, decide
 from sidecar.policy.decision import OUTCOMES as _OUTCOMES
 from sidecar.policy.decision import STATUS, Verdict
+from sidecar.policy.engine import PolicyEngine, request_vector, subject_keys
 from sidecar.policy.owner import PatchKind
+from sidecar.policy.rbac import Rule
 from sidecar.target import RequestTarget, TargetError, parse_target
 
 OUTCOMES = frozenset(_OUTCOMES)
@@ -77,12 +81,87 @@ def explain(
     """The `policy explain --json` object. Raises TargetError for a malformed path."""
     v = explain_verdict(bundle, identity, method, path, obj, conceal=conceal)
     assert v.target is not None
-    return {
+    out: dict[str, Any] = {
         "target": v.target.as_dict(),
         "decision": v.outcome,
         "reason": v.reason,
         "revision": v.revision,
     }
+    if not v.allowed:
+        out["nearMisses"] = near_misses(bundle.engine, identity, v.target)
+    return out
+
+
+# How far a difference is from an allow: a name or owner is closer than a resource.
+_WEIGHT = {"name": 1, "owner": 1, "verb": 2, "namespace": 2}
+
+
+def near_misses(
+    engine: PolicyEngine, identity: Identity, target: RequestTarget, limit: int = 3
+) -> list[dict[str, Any]]:
+    """Up to `limit` rules of the caller's own bindings that almost allow the request
+    (one or two differences: namespace or scope, verb, resource, API group, name,
+    owner), closest first. For operators (`policy explain`) only: an access review keeps
+    its reason, so nothing about other subjects' grants leaks."""
+    vec = request_vector(identity, target)
+    if isinstance(vec, str):
+        return []
+    nd, td, scope, grp, res, name, verb = vec[1:]
+    keys = set(subject_keys(identity))
+    found: list[tuple[int, str, list[str]]] = []
+    for (sub, role_key, dom), bindings in engine.compiled.link_bindings.items():
+        role = engine.policy.roles.get(role_key)
+        if sub not in keys or role is None:
+            continue
+        for rule in role.rules:
+            if bool(rule.non_resource_urls) != (scope == "url"):
+                continue
+            differs = _differences(rule, dom, nd, td, scope, grp, res, name, verb)
+            if not differs and rule.owner:
+                differs = [
+                    f"owner: the rule grants only objects whose {rule.owner_field} is "
+                    f"{identity.tenant!r}"
+                ]
+            if 0 < len(differs) <= 2:
+                via = f"{bindings[0].label} → {role.label} → rule {rule.rule_id}"
+                found.append((len(differs), via, differs))
+    found.sort(key=lambda f: (f[0], sum(_WEIGHT.get(d.partition(":")[0], 3) for d in f[2]), f[1]))
+    unique = list(dict.fromkeys((via, tuple(d)) for _, via, d in found))
+    return [{"via": via, "differs": list(d)} for via, d in unique[:limit]]
+
+
+def _differences(
+    rule: Rule, dom: str, nd: str, td: str, scope: str, grp: str, res: str, name: str, verb: str
+) -> list[str]:
+    out: list[str] = []
+    cond = f"owner:{rule.owner_field}" if rule.owner else ""
+    if not (dom in ("*", nd) or (dom == td and tenant_ok(scope, cond))):
+        if dom == td:
+            out.append("owner: at the cluster level a tenant's binding grants only through "
+                       "owner rules (when: owner)")  # fmt: skip
+        elif "/" in dom:
+            where = f"namespace {nd}" if nd != NO_DOMAIN else f"the {scope} level"
+            out.append(f"namespace: the binding is in force in namespace {dom}, the request "
+                       f"is in {where}")  # fmt: skip
+        else:
+            out.append(f"scope: the binding is in force in tenant {dom} only")
+    if "*" not in rule.verbs and verb not in rule.verbs:
+        out.append(f"verb: the rule grants {', '.join(rule.verbs)}, not {verb}")
+    if scope == "url":
+        if not rule_match("url", "", res, "", verb, "url", "", ",".join(rule.non_resource_urls),
+                          "", "*"):  # fmt: skip
+            out.append(f"URL: the rule names {', '.join(rule.non_resource_urls)}, not {res}")
+        return out
+    if "*" not in rule.api_groups and grp not in rule.api_groups:
+        groups = ", ".join(repr(g) for g in rule.api_groups)
+        out.append(f"API group: the rule names {groups}, not {grp!r}")
+    if not rule_match(scope, "", res, "", "get", "res", "*", ",".join(rule.resources),
+                      "", "*"):  # fmt: skip
+        out.append(f"resource: the rule names {', '.join(rule.resources)}, not {res}")
+    if rule.resource_names and name not in rule.resource_names:
+        out.append(f"name: the rule is limited to {', '.join(rule.resource_names)}"
+                   + (f", not {name}" if name else ", the request names no object"))  # fmt: skip
+    return out
 
 
 def case_identity(raw: Any) -> Identity:
@@ -168,6 +247,10 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     print(f"decision: {result['decision']} (HTTP {STATUS[result['decision']]})")
     print(f"reason:   {result['reason']}")
     print(f"revision: {result['revision']}")
+    for miss in result.get("nearMisses", []):
+        print(f"near miss: {miss['via']}")
+        for d in miss["differs"]:
+            print(f"    {d}")
     return 0
 
 

@@ -17,6 +17,9 @@
   problem is logged as `file:line: message`, counted in
   `sidecar_policy_reload_total{result="failure"}` and shown in the `/readyz` details
   (readiness stays OK: a good policy is in force).
+- `watching` is set once the file watcher runs (notifications registered, or the
+  polling baseline taken), so a change made after it is never missed: tests and
+  callers wait on it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Reloader:
         self._tasks: list[asyncio.Task[None]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
+        # Set when the file watcher runs: a change made after this is noticed.
+        self.watching = asyncio.Event()
         # Counters for tests and /readyz.
         self.attempts = 0
         self.swaps = 0
@@ -103,6 +108,7 @@ class Reloader:
 
     async def stop(self) -> None:
         self._stopping.set()
+        self.watching.clear()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -276,6 +282,9 @@ class Reloader:
             existing = [str(p) for p in self.store.paths if p.exists()]
             if not existing:
                 raise FileNotFoundError("no policy path exists")
+            # awatch registers its watches synchronously on the first step, before its
+            # first suspension; a callback scheduled now runs only after that.
+            asyncio.get_running_loop().call_soon(self.watching.set)
             async for _changes in watchfiles.awatch(
                 *existing, stop_event=self._stopping, recursive=True, step=50
             ):
@@ -283,6 +292,7 @@ class Reloader:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self.watching.clear()  # set again once the polling baseline is taken
             log.warning("policy watch via notifications failed (%s); polling instead", exc)
         if not self._stopping.is_set():
             await self._poll(None, FALLBACK_POLL_SECONDS)
@@ -294,6 +304,7 @@ class Reloader:
         last = baseline
         if last is None:
             last = await loop.run_in_executor(None, fingerprint, paths)
+        self.watching.set()
         while not self._stopping.is_set():
             await asyncio.sleep(every)
             now = await loop.run_in_executor(None, fingerprint, paths)

@@ -34,7 +34,7 @@ class Bucket(AsyncLimiter):
     sets aiolimiter's private `_level`/`_last_check`/`_rate_per_sec`, which aiolimiter
     offers no public way to (the 429 headers need the level, a policy reload must carry
     it over, tests inject a clock): aiolimiter is pinned below its next minor release
-    and tests/test_dependency_contracts.py fails by name if those change.
+    and tests/system/test_dependency_contracts.py fails by name if those change.
     `clock` replaces the event loop's clock; None keeps aiolimiter's own.
     """
 

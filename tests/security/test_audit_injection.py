@@ -8,14 +8,16 @@ headers and in JWT claims."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests import harness
-from tests.security import tenancy_env
-from tests.test_identity_support import SECRET, hs256
+from tests.rigs import processes, tenancy
+from tests.rigs.tokens import SECRET, hs256
+from tests.rigs.waiting import eventually
 
 # Every character Python's splitlines() (and common shippers) treat as a line break,
 # minus \n itself, which no HTTP parser lets through raw.
@@ -26,8 +28,8 @@ RAW_SAFE = ["\x85", "\u2028", "\u2029"]
 
 
 async def raw_request(
-    port: int, request_id: str, target: bytes, headers: list[tuple[bytes, bytes]] = ()
-) -> int:  # type: ignore[assignment]
+    port: int, request_id: str, target: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> int:
     """Send one request with `target` and header values as raw bytes; the status."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -53,26 +55,31 @@ def audit_lines(path: Path) -> list[str]:
 
 
 async def wait_for_records(path: Path, ids: set[str], limit: float = 10.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + limit
-    while True:
-        lines = audit_lines(path)
-        records = []
-        for line in lines:
+    """The audit records once every id in `ids` has one (or whatever is there at `limit`)."""
+
+    def records() -> list[dict[str, Any]]:
+        out = []
+        for line in audit_lines(path):
             try:
-                records.append(json.loads(line))
+                out.append(json.loads(line))
             except ValueError:
                 raise AssertionError(f"an audit line is not one JSON record: {line!r}") from None
-        seen = {r.get("requestId") for r in records}
-        if ids <= seen or time.monotonic() > deadline:
-            return records
-        await asyncio.sleep(0.05)
+        return out
+
+    def complete() -> list[dict[str, Any]] | None:
+        found = records()
+        return found if ids <= {r.get("requestId") for r in found} else None
+
+    with contextlib.suppress(AssertionError):
+        return await eventually(complete, limit)
+    return records()
 
 
 async def test_every_record_is_one_line(tmp_path: Path) -> None:
-    async with tenancy_env.running(
+    async with tenancy.running(
         tmp_path,
         identity={
-            "tokenFile": str(harness.write_tokens(tmp_path, tenancy_env.TOKENS)),
+            "tokenFile": str(processes.write_tokens(tmp_path, tenancy.TOKENS)),
             "jwt": {"secret": SECRET, "algorithms": ["HS256"]},
             "trustedHeaders": {"enabled": True, "clients": ["127.0.0.1"]},
         },
@@ -161,5 +168,6 @@ def test_encoder_escapes_every_line_separator() -> None:
             "extra": {f"k{sep}": [sep]},
         }
         line = encode(record)
-        assert line.endswith("\n") and len(line.splitlines()) == 1, repr(sep)
+        assert line.endswith("\n"), repr(sep)
+        assert len(line.splitlines()) == 1, repr(sep)
         assert json.loads(line) == record

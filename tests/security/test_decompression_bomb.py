@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests import harness
-from tests.security.raw_http import (
+from tests.rigs import processes
+from tests.rigs.raw_http import (
     ADMIN_TOKEN,
     RawUpstream,
     exchange,
@@ -55,9 +55,9 @@ def bomb() -> bytes:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, harness.Proc]]:
+def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, processes.Proc]]:
     upstream = RawUpstream().start()
-    proc = harness.start_sidecar(tmp_path, sidecar_config(tmp_path, upstream.url))
+    proc = processes.start_sidecar(tmp_path, sidecar_config(tmp_path, upstream.url))
     yield upstream, proc
     proc.stop()
     upstream.stop()
@@ -76,7 +76,7 @@ async def _worst_latency_during(base: str, attack: asyncio.Task[object]) -> floa
             worst = max(worst, time.monotonic() - started)
             if attack.done() and after is None:
                 after = time.monotonic() + 0.5
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the behaviour under test: a client probing steadily
     return worst
 
 
@@ -90,7 +90,7 @@ def _cpu_seconds(pid: int) -> float:
 async def test_gzip_bomb_does_not_stall_other_clients(
     authenticated: bool,
     bomb: bytes,
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     upstream, proc = stack
     headers = [("Content-Type", "application/json"), ("Content-Encoding", "gzip")]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.tenancy_env import running, seed
+from tests.rigs.tenancy import running, seed
 
 ATTACKS = [
     # the reported paths: another tenant's secrets, every tenant's secrets
@@ -68,7 +68,8 @@ async def test_encoded_separators_are_400_and_never_forwarded(tmp_path: Path, to
             for method in ("GET", "DELETE"):
                 status, body = await env.call(token, method, path)
                 assert status == 400, (method, path, status, body)
-                assert isinstance(body, dict) and body.get("kind") == "Status", (path, body)
+                assert isinstance(body, dict), (path, body)
+                assert body.get("kind") == "Status", (path, body)
                 assert body.get("code") == 400
                 assert "beta-secret" not in str(body)
         assert env.recorder.seen[before:] == []
@@ -85,6 +86,7 @@ async def test_legitimate_paths_still_pass(tmp_path: Path) -> None:
         status, body = await env.call(
             "acme-admin", "GET", "/api/v1/tenants/acme/namespaces/dev/configmaps/a%2Fb"
         )
-        assert status == 404 and body["kind"] == "Status", body
+        assert status == 404, body
+        assert body["kind"] == "Status", body
         status, body = await env.call("acme-dev", "GET", "/api/v1%252Fsecrets")
         assert status != 400 or "separator" not in str(body)

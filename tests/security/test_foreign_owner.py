@@ -18,7 +18,7 @@ import pytest
 
 from sidecar.errors import StatusError
 from sidecar.policy.owner import enforce_owner
-from tests.security.tenancy_env import Env, running, seed
+from tests.rigs.tenancy import Env, running, seed
 
 ACME = "/apis/baremetal/v1/tenants/acme/allocations"
 MERGE = "application/merge-patch+json"
@@ -45,7 +45,8 @@ async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path)
                 },
             )
             assert status == 403, body
-            assert body["kind"] == "Status" and "owner" in body["message"]
+            assert body["kind"] == "Status"
+            assert "owner" in body["message"]
             assert "no free node" not in body["message"]
             assert (await env.call("admin", "GET", f"{ACME}/grab-{owner}"))[0] == 404
         assert (await _nodes_free(env))["beta-n1"] is None
@@ -68,14 +69,16 @@ async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path)
             {"metadata": {"name": "mine"}, "spec": {"resource_class": "gpu"}},
         )
         assert status == 201, body
-        assert body["spec"]["owner"] == "acme" and body["status"]["node"] == "acme-n1"
+        assert body["spec"]["owner"] == "acme"
+        assert body["status"]["node"] == "acme-n1"
         status, body = await env.call(
             "acme-admin",
             "POST",
             ACME,
             {"metadata": {"name": "mine2"}, "spec": {"resource_class": "gpu", "owner": ""}},
         )
-        assert status == 201 and body["spec"]["owner"] == "acme", body
+        assert status == 201, body
+        assert body["spec"]["owner"] == "acme", body
 
 
 async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path: Path) -> None:
@@ -119,15 +122,18 @@ async def test_cluster_admin_may_set_any_owner(tmp_path: Path) -> None:
             ACME,
             {"metadata": {"name": "for-beta"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
         )
-        assert status == 201 and body["status"]["node"] == "beta-n1", body
+        assert status == 201, body
+        assert body["status"]["node"] == "beta-n1", body
         status, body = await env.call(
             "admin", "PATCH", f"{ACME}/for-beta", {"spec": {"owner": "acme"}}, MERGE
         )
-        assert status == 200 and body["spec"]["owner"] == "acme", body
+        assert status == 200, body
+        assert body["spec"]["owner"] == "acme", body
         status, body = await env.call(
             "admin", "PATCH", "/api/v1/nodes/acme-n1", {"spec": {"owner": "beta"}}, MERGE
         )
-        assert status == 200 and body["spec"]["owner"] == "beta", body
+        assert status == 200, body
+        assert body["spec"]["owner"] == "beta", body
 
 
 async def test_node_owner_cannot_push_its_node_to_another_tenant(tmp_path: Path) -> None:

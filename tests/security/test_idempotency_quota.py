@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests import harness
-from tests.test_quota_support import (
+from tests.rigs import processes
+from tests.rigs.ledgers import ledger_for_kind
+from tests.rigs.quota import (
     CONFIGMAPS,
     PODS,
     SERVERS,
     Gate,
-    ledger_for_kind,
     pod,
     quota_env,
 )
@@ -46,9 +46,11 @@ async def test_one_key_never_creates_more_than_the_limit(
         stored = await env.stored(SERVERS)
         assert len(stored["items"]) <= 10, statuses
         used, in_progress = await env.usage("servers")
-        assert used == len(stored["items"]) and in_progress == 0
+        assert used == len(stored["items"])
+        assert in_progress == 0
         # The first create went through; the others used the key for another body.
-        assert statuses[0] == 201 and set(statuses[1:]) == {422}, statuses
+        assert statuses[0] == 201, statuses
+        assert set(statuses[1:]) == {422}, statuses
 
         # A retry of the very same create is never charged twice (the store already
         # has the object: AlreadyExists, nothing committed).
@@ -87,7 +89,8 @@ async def test_retries_of_one_create_stay_within_the_limit(
         status, body = await env.send(
             "POST", SERVERS, {"metadata": {"name": "again"}}, headers={"Idempotency-Key": "retry"}
         )
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         assert len((await env.stored(SERVERS))["items"]) == 10
 
 
@@ -105,7 +108,8 @@ async def test_key_reused_on_another_path_is_422(
             status, body = await env.send(
                 "POST", SERVERS, {"metadata": {"name": f"s{i}"}}, headers={"Idempotency-Key": "k"}
             )
-            assert status == 422 and body["kind"] == "Status", body
+            assert status == 422, body
+            assert body["kind"] == "Status", body
         assert (await env.stored(SERVERS))["items"] == []
         assert await env.usage("servers") == (0, 0)
 
@@ -132,7 +136,7 @@ async def test_concurrent_same_key_one_proceeds_the_other_409(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     url, extra = ledger_for_kind(kind, tmp_path, request)
-    store = harness.start_store(tmp_path)
+    store = processes.start_store(tmp_path)
     gate = Gate(store.url, lambda r: r.method == "POST" and r.path == SERVERS)
     relay = TestServer(gate.app(), host="127.0.0.1")
     await relay.start_server()
@@ -146,7 +150,8 @@ async def test_concurrent_same_key_one_proceeds_the_other_409(
             )
             await asyncio.wait_for(gate.held.wait(), 10)
             status, answer = await env.send("POST", SERVERS, body, headers={"Idempotency-Key": "k"})
-            assert status == 409 and answer["reason"] == "Conflict", answer
+            assert status == 409, answer
+            assert answer["reason"] == "Conflict", answer
             assert await env.usage("servers") == (0, 1)
             gate.open.set()
             status, answer = await asyncio.wait_for(first, 20)

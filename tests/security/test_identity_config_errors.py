@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import harness
+from tests.rigs import paths, processes
 
 GOOD_TOKEN = {"token": "t-alice", "user": "alice", "tenant": "acme", "groups": []}
 
@@ -23,17 +23,17 @@ def serve(
 ) -> subprocess.CompletedProcess[str]:
     config = {
         "workers": workers,
-        "listen": f"127.0.0.1:{harness.free_port()}",
+        "listen": f"127.0.0.1:{processes.free_port()}",
         "upstream": "http://127.0.0.1:9",
-        "policies": str(harness.ROOT / "policies"),
+        "policies": str(paths.ROOT / "policies"),
         "ledger": f"sqlite:///{tmp / 'ledger.db'}",
         "audit": {"path": str(tmp / "audit.log")},
         "identity": identity,
     }
-    path = harness.write_config(tmp, config)
+    path = processes.write_config(tmp, config)
     return subprocess.run(
         [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)],
-        cwd=harness.ROOT,
+        cwd=paths.ROOT,
         capture_output=True,
         text=True,
         timeout=60,
@@ -119,11 +119,14 @@ def test_identity_config_error_is_one_line(tmp_path: Path, case: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("sidecar: ") and expected in lines[0], lines[0]
+    assert lines[0].startswith("sidecar: "), lines[0]
+    assert expected in lines[0], lines[0]
 
 
 def test_one_line_with_several_workers(tmp_path: Path) -> None:
     result = serve(tmp_path, {"tokenFile": str(tmp_path / "nope.yaml")}, workers=3)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "identity.tokenFile" in lines[0], result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "identity.tokenFile" in lines[0], result.stderr

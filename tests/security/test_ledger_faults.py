@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests import harness
-from tests.test_quota_support import SERVERS, QuotaEnv, poll, quota_env
+from tests.rigs import processes
+from tests.rigs.quota import SERVERS, QuotaEnv, quota_env
+from tests.rigs.waiting import eventually
 
 LEAKS = ("sqlite", "OperationalError", "Traceback", "Errno", "ledger.db")
 
@@ -45,13 +46,14 @@ async def readyz_shows(env: QuotaEnv, words: str) -> str:
         seen.update(status=status, check=check, text=text)
         return status == 200 and not check["ok"] and words in check["detail"]
 
-    assert await poll(failing), seen
+    await eventually(failing, what=f"the ledger check fails naming {words!r}: {seen}")
     return str(seen["text"])
 
 
 async def assert_creates_fail_closed(env: QuotaEnv, *secrets: str) -> None:
     status, body = await env.send("POST", SERVERS, {"metadata": {"name": "after"}})
-    assert status == 503 and body["kind"] == "Status", body
+    assert status == 503, body
+    assert body["kind"] == "Status", body
     assert "ledger" in body["message"]
     assert_no_leak(json.dumps(body), str(env.tmp), *secrets)
     assert await env.stored(SERVERS + "/after") is None
@@ -107,7 +109,7 @@ async def test_read_only_sqlite_ledger_fails_closed(tmp_path: Path) -> None:
 
 
 async def test_unreachable_redis_ledger_names_no_url_or_password(tmp_path: Path) -> None:
-    port = harness.free_port()
+    port = processes.free_port()
     url = f"redis://:s3cret-pw@127.0.0.1:{port}/0"
     async with quota_env(tmp_path, url) as env:
         await assert_creates_fail_closed(env, "s3cret-pw", "redis://", str(port))

@@ -12,9 +12,8 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from tests import harness
-from tests.security import tenancy_env
-from tests.security.tenancy_env import SHIPPED_POLICIES, TOKENS
+from tests.rigs import processes, tenancy
+from tests.rigs.tenancy import SHIPPED_POLICIES, TOKENS
 
 # The shipped `monitoring` ClusterRoleBinding binds group `system:monitoring`.
 PROMETHEUS = {
@@ -41,8 +40,8 @@ async def get(
 
 
 async def test_metrics_on_the_main_listener_are_authorized(tmp_path: Path) -> None:
-    tokens = harness.write_tokens(tmp_path, [*TOKENS, PROMETHEUS], name="all-tokens.yaml")
-    async with tenancy_env.running(
+    tokens = processes.write_tokens(tmp_path, [*TOKENS, PROMETHEUS], name="all-tokens.yaml")
+    async with tenancy.running(
         tmp_path, policies_with_monitoring(tmp_path), identity={"tokenFile": str(tokens)}
     ) as env:
         # Activity of two tenants, so there is something to leak.
@@ -68,7 +67,8 @@ async def test_metrics_on_the_main_listener_are_authorized(tmp_path: Path) -> No
         for token in ("admin", "prom"):
             status, body = await get(env.http, env.url + "/metrics", token)
             assert status == 200, (token, body)
-            assert 'tenant="acme"' in body and 'tenant="beta"' in body
+            assert 'tenant="acme"' in body
+            assert 'tenant="beta"' in body
             assert "sidecar_requests_total" in body
         # `monitoring` grants /metrics and nothing else.
         status, _ = await get(env.http, env.url + "/api/v1/tenants", "prom")
@@ -76,23 +76,22 @@ async def test_metrics_on_the_main_listener_are_authorized(tmp_path: Path) -> No
 
         # Any other method is refused by the sidecar; /metrics is never forwarded.
         status, body = await get(env.http, env.url + "/metrics", "admin", method="POST")
-        assert status == 405 and '"Status"' in body
+        assert status == 405
+        assert '"Status"' in body
         assert env.upstream_saw("/metrics") == []
 
 
 async def test_metrics_requests_pass_the_rate_limiter(tmp_path: Path) -> None:
     """An anonymous client polling /metrics is rate-limited like any other caller."""
-    async with tenancy_env.running(
-        tmp_path, rateLimit={"anonymous": {"rate": 1, "burst": 3}}
-    ) as env:
+    async with tenancy.running(tmp_path, rateLimit={"anonymous": {"rate": 1, "burst": 3}}) as env:
         statuses = [(await get(env.http, env.url + "/metrics"))[0] for _ in range(10)]
         assert set(statuses) <= {401, 429}
         assert 429 in statuses
 
 
 async def test_metrics_listen_serves_a_scraper_without_credentials(tmp_path: Path) -> None:
-    scrape_port = harness.free_port()
-    async with tenancy_env.running(tmp_path, metricsListen=f"127.0.0.1:{scrape_port}") as env:
+    scrape_port = processes.free_port()
+    async with tenancy.running(tmp_path, metricsListen=f"127.0.0.1:{scrape_port}") as env:
         await env.call("acme-admin", "GET", "/api/v1/namespaces/default/configmaps")
         scrape = f"http://127.0.0.1:{scrape_port}"
         status, body = await get(env.http, scrape + "/metrics")
@@ -100,10 +99,12 @@ async def test_metrics_listen_serves_a_scraper_without_credentials(tmp_path: Pat
         assert 'tenant="acme"' in body
         # Only /metrics on that address; anything else is a Status 404.
         status, body = await get(env.http, scrape + "/api/v1/tenants")
-        assert status == 404 and '"Status"' in body
+        assert status == 404
+        assert '"Status"' in body
         # The main listener still refuses anonymous and tenant callers.
         status, body = await get(env.http, env.url + "/metrics")
-        assert status == 401 and "sidecar_requests_total" not in body
+        assert status == 401
+        assert "sidecar_requests_total" not in body
         status, _ = await get(env.http, env.url + "/metrics", "acme-admin")
         assert status == 403
         assert env.upstream_saw("/metrics") == []
@@ -112,9 +113,11 @@ async def test_metrics_listen_serves_a_scraper_without_credentials(tmp_path: Pat
 async def test_dry_run_never_opens_metrics(tmp_path: Path) -> None:
     """Dry-run forwards what it would deny; /metrics is never forwarded, and never
     answered to a caller the policy does not grant it."""
-    async with tenancy_env.running(tmp_path, mode="dry-run") as env:
+    async with tenancy.running(tmp_path, mode="dry-run") as env:
         status, body = await get(env.http, env.url + "/metrics", "acme-admin")
-        assert status == 403 and "sidecar_requests_total" not in body
+        assert status == 403
+        assert "sidecar_requests_total" not in body
         status, body = await get(env.http, env.url + "/metrics", "admin")
-        assert status == 200 and "sidecar_requests_total" in body
+        assert status == 200
+        assert "sidecar_requests_total" in body
         assert env.upstream_saw("/metrics") == []

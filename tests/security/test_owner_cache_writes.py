@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.security.tenancy_env import running, seed
+from tests.rigs.tenancy import running, seed
 
 MERGE = "application/merge-patch+json"
 
@@ -23,12 +23,14 @@ async def test_previous_owner_cannot_write_after_reassignment(tmp_path: Path) ->
         status, body = await env.call(
             "admin", "PATCH", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}}, MERGE
         )
-        assert status == 200 and body["spec"]["owner"] == "beta", body
+        assert status == 200, body
+        assert body["spec"]["owner"] == "beta", body
         # (a GET may still be answered from the cached owner: not asserted)
         status, body = await env.call(
             "acme-owner", "PATCH", "/api/v1/nodes/n1", {"spec": {"resource_class": "stolen"}}, MERGE
         )
-        assert status == 404 and body["kind"] == "Status", body
+        assert status == 404, body
+        assert body["kind"] == "Status", body
         status, body = await env.call(
             "acme-owner", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"}
         )

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from backing_store import resources as store_resources
 from sidecar.policy.scopes import CLUSTER_SCOPED, is_cluster_scoped
-from tests import harness
-from tests.security.tenancy_env import running
+from tests.rigs import paths
+from tests.rigs.tenancy import running
 
 POLICY = """\
 kind: ClusterRole
@@ -111,7 +111,8 @@ async def test_owner_rule_never_reaches_another_tenants_pods(tmp_path: Path) -> 
         assert status == 404
         # The admin (ClusterRoleBinding) still lists across tenants.
         status, body = await env.call("admin", "GET", "/api/v1/pods")
-        assert status == 200 and len(body["items"]) == 2
+        assert status == 200
+        assert len(body["items"]) == 2
 
 
 def test_policy_check_warns_about_owner_rules_on_namespaced_resources(tmp_path: Path) -> None:
@@ -120,22 +121,27 @@ def test_policy_check_warns_about_owner_rules_on_namespaced_resources(tmp_path: 
         [sys.executable, "-m", "sidecar.cli", "policy", "check", str(d)],
         capture_output=True,
         text=True,
-        cwd=harness.ROOT,
+        cwd=paths.ROOT,
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
-    assert "WARNING" in text and "pods" in text and "owner" in text
+    assert "WARNING" in text
+    assert "pods" in text
+    assert "owner" in text
     assert f"{d / 'policy.yaml'}:17:" in text  # the pods rule
     assert f"{d / 'policy.yaml'}:21:" in text  # the wildcard rule
     shipped = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "policy", "check", str(harness.ROOT / "policies")],
+        [sys.executable, "-m", "sidecar.cli", "policy", "check", str(paths.ROOT / "policies")],
         capture_output=True,
         text=True,
-        cwd=harness.ROOT,
+        cwd=paths.ROOT,
         timeout=60,
     )
-    assert shipped.returncode == 0 and "WARNING" not in shipped.stdout + shipped.stderr
+    assert shipped.returncode == 0
+    # The shipped set carries no owner rule that could reach namespaced objects (other
+    # lint warnings, e.g. the tenant admins' deliberate '*' on '*', are issue 16's).
+    assert "which may be namespaced" not in shipped.stdout + shipped.stderr
 
 
 def test_sidecar_scope_table_agrees_with_the_store() -> None:

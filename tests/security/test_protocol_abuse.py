@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import harness
-from tests.security.raw_http import (
+from tests.rigs import processes
+from tests.rigs.raw_http import (
     ADMIN_TOKEN,
     ALICE_TOKEN,
     RawUpstream,
@@ -25,6 +25,7 @@ from tests.security.raw_http import (
     request_bytes,
     sidecar_config,
 )
+from tests.rigs.waiting import eventually
 
 EVENT = "/api/v1/tenants/acme/namespaces/dev/events/e1"
 AUTH = ("Authorization", f"Bearer {ADMIN_TOKEN}")
@@ -32,9 +33,9 @@ HEADER_TIMEOUT = 1.0
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, harness.Proc]]:
+def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, processes.Proc]]:
     upstream = RawUpstream().start()
-    proc = harness.start_sidecar(
+    proc = processes.start_sidecar(
         tmp_path, sidecar_config(tmp_path, upstream.url, limits={"headerTimeout": HEADER_TIMEOUT})
     )
     yield upstream, proc
@@ -44,7 +45,8 @@ def stack(tmp_path: Path) -> Iterator[tuple[RawUpstream, harness.Proc]]:
 
 def _status(body: bytes) -> dict[str, object]:
     doc = json.loads(body)
-    assert doc["kind"] == "Status" and doc["status"] == "Failure"
+    assert doc["kind"] == "Status"
+    assert doc["status"] == "Failure"
     return doc  # type: ignore[no-any-return]
 
 
@@ -61,7 +63,7 @@ REMOTE_SPELLINGS = [
 
 
 async def test_underscore_spellings_of_identity_headers_never_reach_the_upstream(
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     upstream, proc = stack
     answers, _ = await exchange(
@@ -87,7 +89,7 @@ async def test_trusted_front_proxy_identity_is_replaced_and_underscores_dropped(
     upstream = RawUpstream().start()
     config = sidecar_config(tmp_path, upstream.url)
     config["identity"] = {"trustedHeaders": {"enabled": True, "clients": ["127.0.0.1"]}}
-    proc = harness.start_sidecar(tmp_path, config)
+    proc = processes.start_sidecar(tmp_path, config)
     try:
         headers = [
             ("X-Remote-User", "admin"),
@@ -125,7 +127,7 @@ async def test_trusted_front_proxy_identity_is_replaced_and_underscores_dropped(
 async def test_non_origin_form_targets_get_a_status_body(
     line: str,
     code: int,
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     upstream, proc = stack
     raw = f"{line}\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode()
@@ -140,18 +142,8 @@ async def test_non_origin_form_targets_get_a_status_body(
 # -- malformed requests are logged, briefly -------------------------------------------
 
 
-async def _wait_for(predicate: object, deadline: float) -> bool:
-    assert callable(predicate)
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(predicate())
-
-
 async def test_malformed_requests_log_one_rate_limited_line_each(
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     _, proc = stack
     bad = [
@@ -166,10 +158,13 @@ async def test_malformed_requests_log_one_rate_limited_line_each(
         for raw in bad:
             answers, _ = await exchange(proc.port, raw, 1)
             sent += 1
-            assert len(answers) == 1 and 400 <= answers[0].status < 500
+            assert len(answers) == 1
+            assert 400 <= answers[0].status < 500
             _status(answers[0].body)
     elapsed = time.monotonic() - started
-    assert await _wait_for(lambda: "malformed request" in proc.log(), 5)
+    await eventually(
+        lambda: "malformed request" in proc.log(), 5, what="the malformed request logged"
+    )
     log = proc.log()
     assert "Traceback" not in log
     lines = [ln for ln in log.splitlines() if "malformed request" in ln]
@@ -177,9 +172,12 @@ async def test_malformed_requests_log_one_rate_limited_line_each(
     assert 1 <= len(lines) <= int(elapsed) + 2, lines
     assert len(lines) < sent
     # The next line, a second later, says how many were left out.
-    await asyncio.sleep(1.1)  # the rate limit's own interval, not a synchronisation
+    # the behaviour under test: the log's rate limit allows the next line a second later
+    await asyncio.sleep(1.1)
     await exchange(proc.port, bad[0], 1)
-    assert await _wait_for(lambda: "not logged" in proc.log(), 5), proc.log()[-2000:]
+    await eventually(
+        lambda: "not logged" in proc.log(), 5, what=f"the summary line: {proc.log()[-2000:]}"
+    )
 
 
 # -- slow clients ---------------------------------------------------------------------
@@ -216,7 +214,7 @@ async def _closed_within(
     return time.monotonic() - started if data == b"" else None
 
 
-async def test_slowloris_headers_are_cut_off(stack: tuple[RawUpstream, harness.Proc]) -> None:
+async def test_slowloris_headers_are_cut_off(stack: tuple[RawUpstream, processes.Proc]) -> None:
     _, proc = stack
     reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
     try:
@@ -228,7 +226,7 @@ async def test_slowloris_headers_are_cut_off(stack: tuple[RawUpstream, harness.P
         writer.close()
 
 
-async def test_silent_connection_is_cut_off(stack: tuple[RawUpstream, harness.Proc]) -> None:
+async def test_silent_connection_is_cut_off(stack: tuple[RawUpstream, processes.Proc]) -> None:
     _, proc = stack
     reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
     try:
@@ -239,7 +237,7 @@ async def test_silent_connection_is_cut_off(stack: tuple[RawUpstream, harness.Pr
 
 
 async def test_slow_headers_on_a_kept_alive_connection_are_cut_off(
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     _, proc = stack
     reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
@@ -249,7 +247,8 @@ async def test_slow_headers_on_a_kept_alive_connection_are_cut_off(
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             await writer.drain()
             answer = await asyncio.wait_for(read_message(reader, request=False), 5)
-            assert answer is not None and answer.status == 200
+            assert answer is not None
+            assert answer.status == 200
         drip = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"b" * 100
         took = await _closed_within(reader, writer, drip, HEADER_TIMEOUT + 3)
         assert took is not None, "the next request's headers may take forever"
@@ -276,7 +275,7 @@ async def _head_only(
 async def test_refused_request_gets_no_100_continue_and_its_connection_closes(
     token: str | None,
     code: int,
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     upstream, proc = stack
     headers = [("Authorization", f"Bearer {token}")] if token else []
@@ -294,17 +293,19 @@ async def test_refused_request_gets_no_100_continue_and_its_connection_closes(
 
 
 async def test_allowed_request_gets_100_continue_then_is_forwarded(
-    stack: tuple[RawUpstream, harness.Proc],
+    stack: tuple[RawUpstream, processes.Proc],
 ) -> None:
     upstream, proc = stack
     reader, writer = await _head_only(proc.port, [AUTH])
     try:
         interim = await asyncio.wait_for(read_message(reader, request=False), 5)
-        assert interim is not None and interim.status == 100
+        assert interim is not None
+        assert interim.status == 100
         writer.write(b"hello world")
         await writer.drain()
         answer = await asyncio.wait_for(read_message(reader, request=False), 5)
-        assert answer is not None and answer.status == 200
+        assert answer is not None
+        assert answer.status == 200
     finally:
         writer.close()
     received, _ = upstream.snapshot()
@@ -312,7 +313,7 @@ async def test_allowed_request_gets_100_continue_then_is_forwarded(
     assert received[0].header("Expect") is None
 
 
-async def test_unknown_expectation_is_417(stack: tuple[RawUpstream, harness.Proc]) -> None:
+async def test_unknown_expectation_is_417(stack: tuple[RawUpstream, processes.Proc]) -> None:
     upstream, proc = stack
     raw = request_bytes("PUT", EVENT, [AUTH, ("Expect", "something-else")], b"x")
     answers, _ = await exchange(proc.port, raw, 1)

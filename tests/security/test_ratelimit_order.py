@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.tenancy_env import SHIPPED_POLICIES, Env, running
+from tests.rigs.tenancy import SHIPPED_POLICIES, Env, running
 
 BURST = 5
 # One token per 1000 s: within a test the bucket never refills.
@@ -48,7 +48,9 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 def assert_limited(status: int, body: object) -> None:
     assert status == 429, body
-    assert isinstance(body, dict) and body["kind"] == "Status" and body["code"] == 429
+    assert isinstance(body, dict)
+    assert body["kind"] == "Status"
+    assert body["code"] == 429
 
 
 async def test_concealed_requests_spend_the_callers_budget(env: Env) -> None:

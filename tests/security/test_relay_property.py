@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests import harness
-from tests.security.raw_http import (
+from tests.rigs import processes
+from tests.rigs.raw_http import (
     ADMIN_TOKEN,
     Message,
     RawUpstream,
@@ -49,7 +49,7 @@ async def _echo(msg: Message, writer: asyncio.StreamWriter) -> bool:
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RawUpstream, int]]:
     tmp = tmp_path_factory.mktemp("relay")
     upstream = RawUpstream(responder=_echo).start()
-    proc = harness.start_sidecar(
+    proc = processes.start_sidecar(
         tmp,
         sidecar_config(
             tmp, upstream.url, limits={"maxBodyBytes": MAX_BODY, "upstreamReadTimeout": 10}
@@ -194,7 +194,8 @@ def _check(upstream: RawUpstream, batches: list[list[Sent]], answers: list[list[
         rid = msg.header("X-Request-Id") or ""
         if not rid.startswith("relay-"):
             # Only the sidecar's own reads (owner lookups, readiness) come untagged.
-            assert msg.method == "GET" and not msg.body, msg.start
+            assert msg.method == "GET", msg.start
+            assert not msg.body, msg.start
             assert msg.header("X-Forwarded-For") is None, msg.start
             continue
         by_id.setdefault(rid, []).append(msg)

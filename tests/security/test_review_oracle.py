@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.security.tenancy_env import Env, running, seed
+from tests.rigs.tenancy import Env, running, seed
 
 REVIEWS = "/apis/authorization.k8s.io/v1/tenants/acme/selfsubjectaccessreviews"
 
@@ -54,4 +54,5 @@ async def test_unowned_and_missing_nodes_get_the_same_review(tmp_path: Path) -> 
             ]
             assert [s for s, _ in live] == [404, 404]
         status, body = await _ask(env, "get", "mine")
-        assert status == 201 and body["status"]["allowed"] is True, body
+        assert status == 201, body
+        assert body["status"]["allowed"] is True, body

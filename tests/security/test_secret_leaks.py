@@ -6,25 +6,24 @@ every request logs or answers about them. Real sidecar and backing store process
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import aiohttp
 
-from tests import harness
-from tests.security import tenancy_env
+from tests.rigs import paths, processes, tenancy
+from tests.rigs.waiting import eventually
 
 PASSWORD = "s3cret"
 SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"
 
 
 def closed_port() -> int:
-    return harness.free_port()  # bound and released: nothing listens there
+    return processes.free_port()  # bound and released: nothing listens there
 
 
 async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
     redis = f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"
-    async with tenancy_env.running(
+    async with tenancy.running(
         tmp_path,
         ledger=redis,
         rateLimit={"global": redis, "failOpenLogInterval": 0.01, "redisTimeout": 0.2},
@@ -36,16 +35,18 @@ async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
             "admin", "POST", "/api/v1/tenants", {"metadata": {"name": "acme"}}
         )
         assert status == 201, body
-        deadline = time.monotonic() + 10
+
         # Enough traffic to log the global tier's fail-open more than once.
-        while time.monotonic() < deadline and "failing open" not in harness_log(log_path):
-            status, body = await env.call("acme-admin", "GET", SERVERS)
+        async def traffic_until_failing_open() -> bool:
+            _status, body = await env.call("acme-admin", "GET", SERVERS)
             bodies.append(str(body))
-            await asyncio.sleep(0.05)
-        assert "failing open" in harness_log(log_path)
+            return "failing open" in harness_log(log_path)
+
+        await eventually(traffic_until_failing_open, 10, what="the fail-open logged")
         # A quota-tracked create needs the ledger: refused, with a Status body.
         status, body = await env.call("acme-admin", "POST", SERVERS, {"metadata": {"name": "s1"}})
-        assert status == 503 and body["kind"] == "Status", body
+        assert status == 503, body
+        assert body["kind"] == "Status", body
         bodies.append(str(body))
         for path in ("/quota/v1/tenants/acme", "/quota/v1/tenants"):
             status, body = await env.call("admin", "GET", path)
@@ -70,12 +71,12 @@ async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
 
 async def test_upstream_password_never_leaks(tmp_path: Path) -> None:
     proc = await asyncio.to_thread(
-        harness.start_sidecar,
+        processes.start_sidecar,
         tmp_path,
         {
             "upstream": f"http://ops:{PASSWORD}@127.0.0.1:{closed_port()}",
-            "policies": str(harness.ROOT / "policies"),
-            "identity": {"tokenFile": str(harness.write_tokens(tmp_path, tenancy_env.TOKENS))},
+            "policies": str(paths.ROOT / "policies"),
+            "identity": {"tokenFile": str(processes.write_tokens(tmp_path, tenancy.TOKENS))},
             "reload": {"enabled": False},
         },
     )

@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests import harness
-from tests.security.raw_http import ALICE_TOKEN, Message, RawUpstream, sidecar_config
+from tests.rigs import paths, processes
+from tests.rigs.raw_http import ALICE_TOKEN, Message, RawUpstream, sidecar_config
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = paths.ROOT
 ALICE = {"Authorization": f"Bearer {ALICE_TOKEN}"}
 SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"
 
@@ -47,7 +47,8 @@ async def _send_in_pieces(
     for start in range(0, len(body), step):
         writer.write(body[start : start + step])
         await writer.drain()
-        await asyncio.sleep(0.005)  # separate TCP segments: the reader sees partial buffers
+        # the behaviour under test: separate TCP segments, the reader sees partial buffers
+        await asyncio.sleep(0.005)
 
 
 def _head(status: int, length: int) -> bytes:
@@ -86,10 +87,10 @@ class Scripted:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[Scripted, RawUpstream, harness.Proc]]:
+def stack(tmp_path: Path) -> Iterator[tuple[Scripted, RawUpstream, processes.Proc]]:
     script = Scripted()
     upstream = RawUpstream(responder=script).start()
-    proc = harness.start_sidecar(
+    proc = processes.start_sidecar(
         tmp_path,
         sidecar_config(
             tmp_path,
@@ -104,7 +105,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Scripted, RawUpstream, harness.Proc]
 
 
 async def test_owner_filtered_list_arriving_in_pieces_is_read_whole(
-    stack: tuple[Scripted, RawUpstream, harness.Proc],
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
 ) -> None:
     _, _, proc = stack
     async with aiohttp.ClientSession() as s:
@@ -117,7 +118,7 @@ async def test_owner_filtered_list_arriving_in_pieces_is_read_whole(
 
 
 async def test_owner_filtered_list_cut_short_is_502(
-    stack: tuple[Scripted, RawUpstream, harness.Proc],
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
 ) -> None:
     script, _, proc = stack
     script.cut = True
@@ -125,7 +126,8 @@ async def test_owner_filtered_list_cut_short_is_502(
         async with s.get(f"{proc.url}/api/v1/nodes", headers=ALICE) as r:
             assert r.status == 502
             body = await r.json()
-            assert body["kind"] == "Status" and body["code"] == 502
+            assert body["kind"] == "Status"
+            assert body["code"] == 502
         script.cut = False
         async with s.get(f"{proc.url}/api/v1/nodes", headers=ALICE) as r:
             assert r.status == 200
@@ -133,7 +135,7 @@ async def test_owner_filtered_list_cut_short_is_502(
 
 
 async def test_owner_lookup_cut_short_is_502(
-    stack: tuple[Scripted, RawUpstream, harness.Proc],
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
 ) -> None:
     _, _, proc = stack
     async with aiohttp.ClientSession() as s:
@@ -142,7 +144,8 @@ async def test_owner_lookup_cut_short_is_502(
             # the owner); the lookup itself saw the cut, not an unreachable upstream.
             assert r.status == 503
             body = await r.json()
-            assert body["kind"] == "Status" and "cut short" in body["message"]
+            assert body["kind"] == "Status"
+            assert "cut short" in body["message"]
 
 
 async def _servers_row(s: aiohttp.ClientSession, base: str) -> dict[str, Any]:
@@ -153,7 +156,7 @@ async def _servers_row(s: aiohttp.ClientSession, base: str) -> dict[str, Any]:
 
 
 async def test_create_answer_cut_short_is_502_and_releases_the_reservation(
-    stack: tuple[Scripted, RawUpstream, harness.Proc],
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
 ) -> None:
     _, upstream, proc = stack
     create = {"metadata": {"name": "web-1"}, "spec": {"flavor": "m1.small"}}
@@ -162,7 +165,8 @@ async def test_create_answer_cut_short_is_502_and_releases_the_reservation(
         async with s.post(f"{proc.url}{SERVERS}", json=create, headers=ALICE) as r:
             assert r.status == 502, await r.text()
             body = await r.json()
-            assert body["kind"] == "Status" and body["code"] == 502
+            assert body["kind"] == "Status"
+            assert body["code"] == 502
         assert any(m.method == "POST" for m in upstream.snapshot()[0])
         after = await _servers_row(s, proc.url)
     assert after["used"] == before["used"]

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests import harness
-from tests.test_quota_support import (
+from tests.rigs import processes
+from tests.rigs.ledgers import ledger_for_kind
+from tests.rigs.quota import (
     DEPLOYMENTS,
     PODS,
     Gate,
     deployment,
-    ledger_for_kind,
     pod,
     quota_env,
 )
@@ -55,7 +55,8 @@ async def test_patching_a_pod_to_5000_cpu_is_refused(
             }
         }
         status, body = await env.send("PATCH", PODS + "/p", patch, content_type=MERGE)
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         stored = await env.stored(PODS + "/p")
         assert cpu_of(stored) == "100m"
         assert await env.usage("requests.cpu") == ("100m", "0")
@@ -65,7 +66,8 @@ async def test_put_raising_cpu_is_refused(tmp_path: Path) -> None:
     async with quota_env(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}") as env:
         assert (await env.send("POST", PODS, pod("p", cpu="1")))[0] == 201
         status, body = await env.send("PUT", PODS + "/p", pod("p", cpu="4500m"))
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         assert cpu_of(await env.stored(PODS + "/p")) == "1"
         status, body = await env.send("PUT", PODS + "/p", pod("p", cpu="3"))
         assert status == 200, body
@@ -80,7 +82,8 @@ async def test_scaling_a_deployment_from_0_to_1000_is_refused(tmp_path: Path) ->
         status, body = await env.send(
             "PATCH", DEPLOYMENTS + "/web", {"spec": {"replicas": 1000}}, content_type=MERGE
         )
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 0
         # Within the limit it is charged: 40 x 100m = the whole 4 cpu.
         status, body = await env.send(
@@ -134,12 +137,14 @@ async def test_json_patch_raising_replicas_is_charged(tmp_path: Path) -> None:
             }
         ]
         status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops, content_type=JSON_PATCH)
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         stored = await env.stored(DEPLOYMENTS + "/web")
         assert len(stored["spec"]["template"]["spec"]["containers"]) == 1
         ops = [{"op": "replace", "path": "/spec/replicas", "value": 1000}]
         status, body = await env.send("PATCH", DEPLOYMENTS + "/web", ops, content_type=JSON_PATCH)
-        assert status == 403 and body["reason"] == "QuotaExceeded", body
+        assert status == 403, body
+        assert body["reason"] == "QuotaExceeded", body
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 30
 
 
@@ -175,7 +180,8 @@ async def test_a_bad_patch_is_4xx_and_reserves_nothing(
         status, answer = await env.send(
             "PATCH", DEPLOYMENTS + "/web", body, content_type=content_type
         )
-        assert status == code and answer["kind"] == "Status", answer
+        assert status == code, answer
+        assert answer["kind"] == "Status", answer
         assert await env.usage("requests.cpu") == ("100m", "0")
         assert (await env.stored(DEPLOYMENTS + "/web"))["spec"]["replicas"] == 1
 
@@ -183,7 +189,7 @@ async def test_a_bad_patch_is_4xx_and_reserves_nothing(
 async def test_concurrent_updates_of_one_object_409(tmp_path: Path) -> None:
     """While one update of an object is in flight, another is refused (its charge was
     computed from the object as it was before the first landed)."""
-    store = harness.start_store(tmp_path)
+    store = processes.start_store(tmp_path)
     gate = Gate(store.url, lambda r: r.method == "PATCH")
     relay = TestServer(gate.app(), host="127.0.0.1")
     await relay.start_server()

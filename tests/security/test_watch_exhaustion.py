@@ -11,6 +11,7 @@ without sending an event and records when each watch connection closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from tests import harness
+from tests.rigs import processes
+from tests.rigs.waiting import eventually
 
 POLICY = """\
 kind: ClusterRole
@@ -152,13 +154,18 @@ class Rig:
     async def watch_when_free(self, tenant: str, seconds: float = 5) -> aiohttp.ClientResponse:
         """Open a watch, retrying while the tenant's watch slots are still being given
         back (a slot is freed just after the upstream connection closes)."""
-        deadline = time.monotonic() + seconds
-        while True:
+        last: list[aiohttp.ClientResponse] = []
+
+        async def admitted() -> bool:
+            if last:
+                last.pop().close()
             _, resp = await self.watch(tenant)
-            if resp.status != 429 or time.monotonic() > deadline:
-                return resp
-            resp.close()
-            await asyncio.sleep(0.05)
+            last.append(resp)
+            return resp.status != 429
+
+        with contextlib.suppress(AssertionError):  # the last answer (a 429) is returned
+            await eventually(admitted, seconds, what="a free watch slot")
+        return last[-1]
 
     async def get(self, tenant: str) -> int:
         async with self.http.get(
@@ -180,11 +187,11 @@ async def rig(tmp: Path, rate_limit: str, limits: dict[str, Any]) -> AsyncIterat
     config = {
         "upstream": f"http://127.0.0.1:{upstream.port}",
         "policies": str(policies),
-        "identity": {"tokenFile": str(harness.write_tokens(tmp, TOKENS))},
+        "identity": {"tokenFile": str(processes.write_tokens(tmp, TOKENS))},
         "reload": {"enabled": False},
         "limits": {"upstreamReadTimeout": 30, **limits},
     }
-    sidecar = await asyncio.to_thread(harness.start_sidecar, tmp, config)
+    sidecar = await asyncio.to_thread(processes.start_sidecar, tmp, config)
     try:
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True)
@@ -202,7 +209,8 @@ async def rig(tmp: Path, rate_limit: str, limits: dict[str, Any]) -> AsyncIterat
 
 async def status_body(resp: aiohttp.ClientResponse, code: int) -> dict[str, Any]:
     body: dict[str, Any] = await resp.json(content_type=None)
-    assert body["kind"] == "Status" and body["code"] == code, body
+    assert body["kind"] == "Status", body
+    assert body["code"] == code, body
     return body
 
 

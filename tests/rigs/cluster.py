@@ -1,0 +1,226 @@
+"""A cluster as a user sees it: the real store and the real sidecar serving HTTPS with a
+certificate from a CA made here (`cryptography`), the shipped policies, tenants acme and
+beta with namespace ns1 each, and a kubeconfig per user (that CA, a static token).
+Used by the kubectl and the Python client end-to-end tests through the module-scoped
+`cluster` fixture of tests/system/conftest.py."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.rigs import paths, processes
+
+SHIPPED_POLICIES = paths.SHIPPED_POLICIES
+# name → (token, user, tenant, groups), bound by the shipped policies.
+USERS: dict[str, tuple[str, str, str, list[str]]] = {
+    "admin": ("admin-token", "admin", "system", []),
+    "alice": ("alice-token", "alice", "acme", ["tenant-admins"]),
+    "vera": ("vera-token", "vera", "acme", ["viewers"]),
+    "bob": ("bob-token", "bob", "beta", ["tenant-admins"]),
+}
+NS = "ns1"
+
+
+# -- a CA and a server certificate ------------------------------------------------------
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def make_ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def make_server_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
+) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) for 127.0.0.1 and localhost, signed by the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("sidecar"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+# -- the sidecar over HTTPS, the store, kubeconfigs ---------------------------------------
+
+
+def kubeconfig(server: str, ca_file: Path, user: str, token: str, namespace: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "sidecar",
+                    "cluster": {"server": server, "certificate-authority": str(ca_file)},
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": user,
+                    "context": {"cluster": "sidecar", "user": user, "namespace": namespace},
+                }
+            ],
+            "current-context": user,
+        }
+    )
+
+
+@dataclass
+class ClusterEnv:
+    """The store and the sidecar (HTTPS), tenants acme and beta with namespace ns1 each,
+    and a kubeconfig per user in `kubeconfigs`."""
+
+    url: str
+    tmp: Path
+    ca_file: Path
+    trust: ssl.SSLContext
+    kubeconfigs: dict[str, Path] = field(default_factory=dict)
+    procs: list[processes.Proc] = field(default_factory=list)
+
+    def call(self, user: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One request over HTTPS as `user` (JSON in, JSON out)."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {USERS[user][0]}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=20, context=self.trust) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        return status, json.loads(raw) if raw else None
+
+    def used(self, tenant: str, resource: str) -> str:
+        """The quota's `used` of one resource in a tenant (the admin asks)."""
+        status, usage = self.call("admin", "GET", f"/quota/v1/tenants/{tenant}/usage")
+        assert status == 200, usage
+        return str(usage["usage"].get(resource, {"used": 0})["used"])
+
+    def log(self) -> str:
+        return "\n".join(p.log()[-4000:] for p in self.procs)
+
+
+def _wait_https(env: ClusterEnv, proc: processes.Proc, timeout: float = 20.0) -> None:
+    processes.wait_http(f"{env.url}/healthz", proc, timeout, context=env.trust)
+
+
+def start_cluster(tmp: Path) -> ClusterEnv:
+    ca_key, ca = make_ca("e2e test CA")
+    cert_pem, key_pem = make_server_cert(ca_key, ca)
+    ca_file, cert_file, key_file = tmp / "ca.crt", tmp / "tls.crt", tmp / "tls.key"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(cert_pem)
+    key_file.write_bytes(key_pem)
+    key_file.chmod(0o600)
+    tokens = processes.write_tokens(
+        tmp,
+        [
+            {"token": token, "user": user, "tenant": tenant, "groups": groups}
+            for token, user, tenant, groups in USERS.values()
+        ],
+    )
+    store = processes.start_store(tmp)
+    port = processes.free_port()
+    config = {
+        "upstream": store.url,
+        "policies": str(SHIPPED_POLICIES),
+        "identity": {"tokenFile": str(tokens)},
+        "reload": {"enabled": False},
+        "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
+    }
+    sidecar = processes.start_sidecar(tmp, config, port=port, wait=False)
+    trust = ssl.create_default_context(cafile=str(ca_file))
+    env = ClusterEnv(f"https://127.0.0.1:{port}", tmp, ca_file, trust, procs=[store, sidecar])
+    try:
+        _wait_https(env, sidecar)
+        for tenant in ("acme", "beta"):
+            status, body = env.call(
+                "admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+            )
+            assert status == 201, body
+            status, body = env.call(
+                "admin", "POST", f"/api/v1/tenants/{tenant}/namespaces", {"metadata": {"name": NS}}
+            )
+            assert status == 201, body
+        for name, (token, *_rest) in USERS.items():
+            path = tmp / f"{name}.kubeconfig"
+            path.write_text(kubeconfig(env.url, ca_file, name, token, NS))
+            env.kubeconfigs[name] = path
+    except BaseException:
+        stop_cluster(env)
+        raise
+    return env
+
+
+def stop_cluster(env: ClusterEnv) -> None:
+    for proc in reversed(env.procs):
+        proc.stop()

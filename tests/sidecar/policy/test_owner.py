@@ -1,0 +1,188 @@
+"""Owner rules end to end: the sidecar and the reference backing store as real
+processes on loopback (Ironic node owners, restricted allocations)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.rigs import processes
+from tests.rigs.paths import POLICY_CASES as CASES_DIR
+from tests.rigs.tokens import CASE_TOKENS as TOKENS
+
+
+@pytest.fixture
+def stack(tmp_path: Path, procs: processes.Processes) -> str:
+    store = procs.store()
+    tokens = processes.write_tokens(tmp_path, TOKENS)
+    sidecar = procs.sidecar(
+        {
+            "upstream": store.url,
+            "policies": str(CASES_DIR),
+            "identity": {"tokenFile": str(tokens)},
+            "reload": {"enabled": False},
+        },
+    )
+    return sidecar.url
+
+
+class Client:
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http, self.url = http, url
+
+    async def __call__(
+        self,
+        who: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {who}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        async with self.http.request(method, self.url + path, data=data, headers=headers) as r:
+            raw = await r.read()
+            return r.status, json.loads(raw) if raw else None
+
+
+@pytest.fixture
+async def client(stack: str) -> AsyncIterator[Client]:
+    async with aiohttp.ClientSession() as http:
+        c = Client(http, stack)
+        for tenant in ("acme", "beta"):
+            status, body = await c(
+                "root", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+            )
+            assert status == 201, body
+        for name, owner, rclass in (
+            ("n1", "acme", "gpu"),
+            ("n2", "beta", "gpu"),
+            ("n3", None, "gpu"),
+            ("n4", "acme", "cpu"),
+        ):
+            spec: dict[str, Any] = {"resource_class": rclass}
+            if owner:
+                spec["owner"] = owner
+            status, body = await c(
+                "root", "POST", "/api/v1/nodes", {"metadata": {"name": name}, "spec": spec}
+            )
+            assert status == 201, body
+        yield c
+
+
+def names(body: Any) -> list[str]:
+    return sorted(i["metadata"]["name"] for i in body["items"])
+
+
+async def test_node_owners_get_patch_power_and_404_on_others(client: Client) -> None:
+    status, body = await client("oscar", "GET", "/api/v1/nodes/n1")
+    assert status == 200
+    assert body["spec"]["owner"] == "acme"
+    for other in ("n2", "n3", "nosuch"):
+        status, body = await client("oscar", "GET", f"/api/v1/nodes/{other}")
+        assert status == 404
+        assert body == {**body, "kind": "Status", "reason": "NotFound"}
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"resource_class": "big-gpu"}},
+        "application/merge-patch+json",
+    )
+    assert status == 200, body
+    status, body = await client("root", "GET", "/api/v1/nodes/n1")
+    assert body["spec"] == {"owner": "acme", "resource_class": "big-gpu"}
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"spec": {"owner": "beta"}},
+        "application/merge-patch+json",
+    )
+    assert status == 403
+    status, body = await client(
+        "oscar",
+        "PATCH",
+        "/api/v1/nodes/n2",
+        {"spec": {"resource_class": "x"}},
+        "application/merge-patch+json",
+    )
+    assert status == 404
+    status, body = await client("oscar", "PUT", "/api/v1/nodes/n1/power", {"target": "power on"})
+    assert status == 202
+    assert body["power_state"] == "power on"
+    status, _ = await client("oscar", "PUT", "/api/v1/nodes/n2/power", {"target": "power on"})
+    assert status == 404
+    status, body = await client("root", "GET", "/api/v1/nodes/n2/power")
+    assert body["power_state"] == "power off"
+    # The owner of n2 may power it.
+    assert (await client("bea", "PUT", "/api/v1/nodes/n2/power", {"target": "reboot"}))[0] == 202
+    assert (await client("oscar", "DELETE", "/api/v1/nodes/n1"))[0] == 404
+
+
+async def test_filtered_versus_full_node_lists(client: Client) -> None:
+    status, body = await client("oscar", "GET", "/api/v1/nodes")
+    assert status == 200
+    assert names(body) == ["n1", "n4"]
+    status, body = await client("bea", "GET", "/api/v1/nodes")
+    assert status == 200
+    assert names(body) == ["n2"]
+    status, body = await client("carol", "GET", "/api/v1/nodes")
+    assert status == 200
+    assert names(body) == ["n1", "n2", "n3", "n4"]
+    status, body = await client("alice", "GET", "/api/v1/nodes")
+    assert status == 404
+
+
+async def test_restricted_and_unrestricted_allocations(client: Client) -> None:
+    acme = "/apis/baremetal/v1/tenants/acme/allocations"
+    status, body = await client(
+        "oscar", "POST", acme, {"metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}}
+    )
+    assert status == 201, body
+    assert body["spec"]["owner"] == "acme"  # defaulted by the sidecar
+    assert body["status"] == {"state": "active", "node": "n1"}
+    status, body = await client(
+        "oscar",
+        "POST",
+        acme,
+        {"metadata": {"name": "a2"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
+    )
+    assert status == 403
+    assert "owner" in body["message"]
+    # An admin (unconditional create) may allocate from any owner's nodes.
+    status, body = await client(
+        "root",
+        "POST",
+        acme,
+        {"metadata": {"name": "a3"}, "spec": {"resource_class": "gpu", "owner": "beta"}},
+    )
+    assert status == 201
+    assert body["status"]["node"] == "n2"
+    # beta's unrestricted allocator (a TenantRoleBinding) may not take acme's nodes.
+    status, body = await client(
+        "bob",
+        "POST",
+        "/apis/baremetal/v1/tenants/beta/allocations",
+        {"metadata": {"name": "b1"}, "spec": {"resource_class": "cpu", "owner": "acme"}},
+    )
+    assert status == 403
+    assert "owner" in body["message"]
+    status, body = await client("root", "GET", "/apis/baremetal/v1/tenants/beta/allocations/b1")
+    assert status == 404
+    # Restricted list: only acme-owned allocations; a3 (owner beta) is hidden.
+    status, body = await client("oscar", "GET", acme)
+    assert status == 200
+    assert names(body) == ["a1"]
+    status, body = await client("root", "GET", acme)
+    assert names(body) == ["a1", "a3"]
+    assert (await client("oscar", "GET", f"{acme}/a3"))[0] == 404
+    assert (await client("oscar", "DELETE", f"{acme}/a1"))[0] == 200

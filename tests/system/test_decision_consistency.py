@@ -1,0 +1,203 @@
+"""One decision path (issue 13): every PolicyTest case of `policies/tests/` and
+`tests/policy_cases/` decided by `policy test` (`explain.evaluate_case`) and sent
+through the real in-process sidecar app in front of a small fake upstream must agree:
+allow → answered 2xx (forwarded, or answered by the sidecar's own API: reviews, quota,
+/metrics), filter → forwarded with the owner filter (a list's `?owner=`, a create's
+owner filled in), deny → 403, notfound → 404, neither of them forwarded.
+
+The fake upstream answers the sidecar's own reads (owner lookups, tenant checks) with
+the case's `object` (404 when the case has none) and every forwarded request with
+200/201. The owner cache is off, so each case's object is read anew."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from sidecar.app import build_app
+from sidecar.config import load_config
+from sidecar.policy.bundle import PolicyBundle, load_bundle
+from sidecar.policy.explain import evaluate_case
+from sidecar.policy.testing import PolicyCase, parse_tests
+from tests.rigs import paths
+
+ROOT = paths.ROOT
+DIRS = {"shipped": ROOT / "policies", "cases": ROOT / "tests" / "policy_cases"}
+QUOTA_PREFIX = "/apis/quota.sidecar/v1/quotas"
+REVIEW_BODY = {"spec": {"user": "x", "nonResourceAttributes": {"path": "/version", "verb": "get"}}}
+
+
+@dataclass
+class FakeUpstream:
+    """Answers what the sidecar reads itself from `obj`; records forwarded requests."""
+
+    obj: Any = None
+    forwarded: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        if "X-Forwarded-For" not in request.headers:  # the sidecar's own read
+            if self.obj is not None:
+                return web.json_response(self.obj)
+            parts = request.path.strip("/").split("/")
+            if parts[:3] == ["api", "v1", "tenants"] and len(parts) == 4:
+                return web.json_response({"kind": "Tenant", "metadata": {"name": parts[3]}})
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        body = json.loads(raw) if raw else None
+        self.forwarded.append((request.method, request.path_qs, body))
+        if request.method == "GET" and self.obj is None:
+            return web.json_response({"kind": "List", "metadata": {}, "items": []})
+        if request.method == "GET":
+            return web.json_response(self.obj)
+        return web.json_response(body or {}, status=201 if request.method == "POST" else 200)
+
+
+def _cases(directory: Path) -> tuple[PolicyBundle, list[PolicyCase]]:
+    bundle, problems = load_bundle([directory])
+    assert problems == [], [str(p) for p in problems]
+    cases, problems = parse_tests(bundle.tests)
+    assert problems == [], [str(p) for p in problems]
+    assert cases, [str(p) for p in problems]
+    return bundle, cases
+
+
+def _identity(case: PolicyCase) -> tuple[str, str, tuple[str, ...]]:
+    return (case.user, case.tenant, case.groups)
+
+
+def _request(case: PolicyCase) -> tuple[str, str, Any, str]:
+    """(method, path, body, content type) of the live request a case describes."""
+    method, path, body = case.method, case.path, case.body
+    if path.startswith(QUOTA_PREFIX):
+        tenant = path[len(QUOTA_PREFIX) + 1 :]
+        if not tenant:
+            return method, "/quota/v1/quotas", None, ""
+        if method == "PUT":
+            body = {"hard_limit": 5}
+            return method, f"/quota/v1/tenants/{tenant}/servers", body, "application/json"
+        return method, f"/quota/v1/tenants/{tenant}", None, ""
+    if "accessreviews" in path and body is None:
+        body = REVIEW_BODY
+    if body is None and method in ("POST", "PUT", "PATCH"):
+        body = {}
+    ctype = "application/json"
+    if method == "PATCH":
+        ctype = (
+            "application/json-patch+json"
+            if isinstance(body, list)
+            else ("application/merge-patch+json")
+        )
+    return method, path, body, ctype
+
+
+def _answered_by_sidecar(path: str) -> bool:
+    return path.startswith("/quota/") or path == "/metrics" or "accessreviews" in path
+
+
+@pytest.fixture(params=sorted(DIRS))
+async def rig(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[str, PolicyBundle, list[PolicyCase], FakeUpstream, str]]:
+    name = request.param
+    bundle, cases = _cases(DIRS[name])
+    identities = sorted({_identity(c) for c in cases})
+    tokens = [
+        {"token": f"tok{i}", "user": u, "tenant": t, "groups": list(g)}
+        for i, (u, t, g) in enumerate(identities)
+    ]
+    token_file = tmp_path / "tokens.yaml"
+    token_file.write_text(yaml.safe_dump(tokens))
+    fake = FakeUpstream()
+    up_app = web.Application()
+    up_app.router.add_route("*", "/{tail:.*}", fake.handle)
+    upstream = TestServer(up_app, host="127.0.0.1")
+    await upstream.start_server()
+    config = load_config(
+        None,
+        env={},
+        overrides={
+            "upstream": f"http://127.0.0.1:{upstream.port}",
+            "policies": str(DIRS[name]),
+            "identity.tokenFile": str(token_file),
+            "ledger": f"sqlite:///{tmp_path / 'ledger.db'}",
+            "audit.path": str(tmp_path / "audit.log"),
+            "reload.enabled": False,
+            "cache.owners": 0,
+        },
+    )
+    sidecar = TestServer(build_app(config), host="127.0.0.1")
+    await sidecar.start_server()
+    try:
+        yield f"http://127.0.0.1:{sidecar.port}", bundle, cases, fake, name
+    finally:
+        await sidecar.close()
+        await upstream.close()
+
+
+async def test_every_policy_case_gets_the_same_answer_live(
+    rig: tuple[str, PolicyBundle, list[PolicyCase], FakeUpstream, str],
+) -> None:
+    url, bundle, cases, fake, _ = rig
+    token_of = {ident: f"tok{i}" for i, ident in enumerate(sorted({_identity(c) for c in cases}))}
+    mismatches: list[str] = []
+    async with aiohttp.ClientSession() as http:
+        for case in cases:
+            actual, reason, _ = evaluate_case(bundle, case.as_mapping())
+            assert actual == case.expect, f"{case.where}: policy test says {actual} ({reason})"
+            method, path, body, ctype = _request(case)
+            fake.obj, fake.forwarded = case.object, []
+            headers = {"Authorization": f"Bearer {token_of[_identity(case)]}"}
+            data = None
+            if body is not None:
+                data, headers["Content-Type"] = json.dumps(body).encode(), ctype
+            async with http.request(method, url + path, data=data, headers=headers) as resp:
+                status, raw = resp.status, await resp.read()
+            problem = _check(case, path, status, raw, fake.forwarded)
+            if problem:
+                mismatches.append(f"{case.where} {case.name}: {problem}")
+    assert mismatches == []
+
+
+def _check(
+    case: PolicyCase, path: str, status: int, raw: bytes, forwarded: list[tuple[str, str, Any]]
+) -> str:
+    expect = case.expect
+    if expect in ("deny", "notfound"):
+        want = 403 if expect == "deny" else 404
+        if status != want:
+            return f"expected {want} for {expect}, got {status} {raw[:200]!r}"
+        if forwarded:
+            return f"refused but forwarded: {forwarded}"
+        if json.loads(raw).get("kind") != "Status":
+            return "refusal without a Status body"
+        return ""
+    if not 200 <= status < 300:
+        return f"expected 2xx for {expect}, got {status} {raw[:200]!r}"
+    if _answered_by_sidecar(path):
+        return f"forwarded: {forwarded}" if forwarded else ""
+    if len(forwarded) != 1:
+        return f"expected one forwarded request, got {forwarded}"
+    if expect == "filter":
+        _, qs, fbody = forwarded[0]
+        if case.method == "GET" and f"owner={case.tenant}" not in qs:
+            return f"a filtered list forwarded without ?owner=: {qs}"
+        if case.method == "POST" and (fbody or {}).get("spec", {}).get("owner") != case.tenant:
+            return f"a filtered create forwarded without the caller's owner: {fbody}"
+    return ""
+
+
+def test_no_case_addresses_a_path_the_pipeline_never_decides() -> None:
+    """/healthz and /readyz are answered before any stage (DESIGN §9): a case there
+    would test a decision the sidecar never makes."""
+    for directory in DIRS.values():
+        _, cases = _cases(directory)
+        assert [c.where for c in cases if c.path in ("/healthz", "/readyz")] == []

@@ -1,0 +1,119 @@
+"""deploy/kubernetes: the manifests build, the sidecar config in them loads, and the
+operational promises of deploy/README.md hold (grace periods, probes, state, Redis)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sidecar.config import load_config
+from tests.rigs import paths
+
+DEPLOY = paths.ROOT / "deploy" / "kubernetes"
+
+
+def _docs() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        out.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return out
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in _docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == name)
+
+
+def test_the_sidecar_config_in_the_configmap_loads(tmp_path: Path) -> None:
+    text = _one("ConfigMap", "sidecar-config")["data"]["sidecar.yaml"]
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(text)
+    config = load_config(path, env={})
+    assert config.tls.cert_file
+    assert config.tls.key_file
+    assert config.metrics_listen is not None
+    assert config.ledger.startswith("redis://")
+
+
+def test_grace_period_covers_the_shutdown_grace_and_the_pre_stop_pause(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(_one("ConfigMap", "sidecar-config")["data"]["sidecar.yaml"])
+    grace = load_config(path, env={}).limits.shutdown_grace_seconds
+    deployment = _one("Deployment", "tenant-api")
+    pod = deployment["spec"]["template"]["spec"]
+    pre_stop = " ".join(
+        _container(deployment, "sidecar")["lifecycle"]["preStop"]["exec"]["command"]
+    )
+    assert "sleep(5)" in pre_stop
+    assert pod["terminationGracePeriodSeconds"] > grace + 5
+
+
+def test_probes_use_https_and_readiness_is_readyz() -> None:
+    sidecar = _container(_one("Deployment", "tenant-api"), "sidecar")
+    assert sidecar["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "https",
+        "scheme": "HTTPS",
+    }
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert mounts["sidecar-tls"] == "/etc/sidecar/tls"
+
+
+def test_store_state_is_one_replica_on_a_claim() -> None:
+    deployment = _one("Deployment", "tenant-api")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["api-data"]["persistentVolumeClaim"]["claimName"] == "tenant-api-store"
+    _one("PersistentVolumeClaim", "tenant-api-store")
+    _one("PodDisruptionBudget", "tenant-api")
+
+
+def test_redis_persists_with_a_password_and_a_pinned_image() -> None:
+    redis = _one("StatefulSet", "sidecar-redis")
+    container = _container(redis, "redis")
+    assert ":" in container["image"]
+    assert not container["image"].endswith(":latest")
+    args = " ".join(container["args"])
+    assert "--appendonly yes" in args
+    assert "--requirepass" in args
+    assert redis["spec"]["volumeClaimTemplates"]
+    sidecar_env = {
+        e["name"]: e for e in _container(_one("Deployment", "tenant-api"), "sidecar")["env"]
+    }
+    assert sidecar_env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "sidecar-redis"
+    assert "$(REDIS_PASSWORD)@" in sidecar_env["SIDECAR_LEDGER"]["value"]
+
+
+def test_images_are_pinned_and_the_sidecar_is_the_only_way_in() -> None:
+    for container in _one("Deployment", "tenant-api")["spec"]["template"]["spec"]["containers"]:
+        assert not container["image"].endswith(":latest"), container["name"]
+    api = _container(_one("Deployment", "tenant-api"), "api")
+    assert "ports" not in api
+    assert "127.0.0.1" in api["command"]
+    policy = _one("NetworkPolicy", "tenant-api")
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert sorted(ports) == [8443, 9090]
+
+
+def test_kustomize_builds(kubectl_binary: str) -> None:
+    out = subprocess.run(
+        [kubectl_binary, "kustomize", str(DEPLOY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
+    assert {"Deployment", "StatefulSet", "NetworkPolicy", "PodDisruptionBudget"} <= kinds
