@@ -17,28 +17,9 @@ from aiohttp import web
 from yarl import URL
 
 from tests.rigs import processes
+from tests.rigs.policies import admin_policy
 
-QUOTA_POLICY = """
-kind: ClusterRole
-metadata: {name: everything}
-rules:
-- {apiGroups: ["*"], resources: ["*"], verbs: ["*"]}
-- {nonResourceURLs: ["*"], verbs: ["*"]}
----
-kind: ClusterRoleBinding
-metadata: {name: admins}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: admin}]
----
-kind: TenantRoleBinding
-metadata: {name: acme-admins, tenant: acme}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: alice}]
----
-kind: QuotaDefaults
-metadata: {name: defaults}
-spec: {hard: {servers: 10, requests.cpu: "4", requests.memory: 8Gi}}
-"""
+QUOTA_POLICY = admin_policy('servers: 10, requests.cpu: "4", requests.memory: 8Gi')
 ADMIN = {"Authorization": "Bearer admin-token"}
 ALICE = {"Authorization": "Bearer alice-token"}
 STORE_HEADERS = {"X-Remote-User": "test", "X-Remote-Tenant": "system"}

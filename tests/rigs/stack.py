@@ -16,33 +16,11 @@ from typing import Any
 import aiohttp
 
 from tests.rigs import processes
+from tests.rigs.policies import admin_policy
 
-POLICY = """
-kind: ClusterRole
-metadata: {name: everything}
-rules:
-- {apiGroups: ["*"], resources: ["*"], verbs: ["*"]}
-- {nonResourceURLs: ["*"], verbs: ["*"]}
----
-kind: ClusterRoleBinding
-metadata: {name: admins}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: admin}]
----
-kind: TenantRoleBinding
-metadata: {name: acme-admins, tenant: acme}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: alice}]
----
-kind: TenantRoleBinding
-metadata: {name: beta-admins, tenant: beta}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: bob}]
----
-kind: QuotaDefaults
-metadata: {name: defaults}
-spec: {hard: {configmaps: LIMIT, servers: LIMIT, requests.cpu: "1"}}
-"""
+POLICY = admin_policy(
+    'configmaps: LIMIT, servers: LIMIT, requests.cpu: "1"', {"acme": "alice", "beta": "bob"}
+)
 TOKENS = [
     {"token": "admin-token", "user": "admin", "tenant": "system", "groups": []},
     {"token": "alice-token", "user": "alice", "tenant": "acme", "groups": []},

@@ -23,29 +23,10 @@ from sidecar.quota.ledger import Clock, Ledger, QuotaExceeded, new_reservation_i
 from tests.rigs import processes
 from tests.rigs.clock import FakeClock
 from tests.rigs.ledgers import make_ledger
+from tests.rigs.policies import admin_policy
 from tests.rigs.waiting import eventually
 
-POLICY = """
-kind: ClusterRole
-metadata: {name: everything}
-rules:
-- {apiGroups: ["*"], resources: ["*"], verbs: ["*"]}
-- {nonResourceURLs: ["*"], verbs: ["*"]}
----
-kind: ClusterRoleBinding
-metadata: {name: admins}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: admin}]
----
-kind: TenantRoleBinding
-metadata: {name: acme-admins, tenant: acme}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: alice}]
----
-kind: QuotaDefaults
-metadata: {name: defaults}
-spec: {hard: {servers: LIMIT}}
-"""
+POLICY = admin_policy("servers: LIMIT")
 ADMIN = {"Authorization": "Bearer admin-token"}
 ALICE = {"Authorization": "Bearer alice-token"}
 SERVERS = "/apis/compute/v1/tenants/acme/namespaces/default/servers"

@@ -17,37 +17,13 @@ from aiohttp.test_utils import TestServer
 from sidecar.app import build_app
 from sidecar.config import load_config
 from tests.rigs import processes
+from tests.rigs.policies import admin_policy
 
-POLICY = """
-kind: ClusterRole
-metadata: {name: everything}
-rules:
-- {apiGroups: ["*"], resources: ["*"], verbs: ["*"]}
-- {nonResourceURLs: ["*"], verbs: ["*"]}
----
-kind: ClusterRoleBinding
-metadata: {name: admins}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: admin}]
----
-kind: TenantRoleBinding
-metadata: {name: acme-admins, tenant: acme}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: alice}]
----
-kind: TenantRoleBinding
-metadata: {name: beta-admins, tenant: beta}
-roleRef: {kind: ClusterRole, name: everything}
-subjects: [{kind: User, name: bob}]
----
-kind: QuotaDefaults
-metadata: {name: defaults}
-spec: {hard: {servers: 3, requests.cpu: "1", requests.memory: 1Gi}}
----
-kind: ResourceQuota
-metadata: {name: dev, tenant: acme, namespace: tight}
-spec: {hard: {servers: 1}}
-"""
+POLICY = admin_policy(
+    'servers: 3, requests.cpu: "1", requests.memory: 1Gi',
+    {"acme": "alice", "beta": "bob"},
+    "kind: ResourceQuota\nmetadata: {name: dev, tenant: acme, namespace: tight}\nspec: {hard: {servers: 1}}",
+)
 
 ADMIN = {"Authorization": "Bearer admin-token"}
 ALICE = {"Authorization": "Bearer alice-token"}
