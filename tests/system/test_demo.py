@@ -30,7 +30,6 @@ from tests.rigs.paths import ROOT
 # The printed kubectl lines checked here. `create` (a protobuf body), `auth can-i` and
 # `auth whoami` (the review endpoints) join once the sidecar reads protobuf bodies and
 # answers the reviews (issue 14).
-VERIFIED_KUBECTL = ("get",)
 
 
 def _get(url: str, token: str | None, trust: ssl.SSLContext) -> tuple[int, Any]:
@@ -92,17 +91,29 @@ def _kubectl_checks(output: str, tmp: Path) -> None:
         assert proc.returncode == 0, f"{args}:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
-    for line in lines:  # verbatim, as a reader pastes them
-        if shlex.split(line)[3] in VERIFIED_KUBECTL:
-            run(*shlex.split(line)[1:])
+    for line in lines:  # verbatim, as a reader pastes them, every one
+        args = shlex.split(line)[1:]
+        if args[2:4] == ["auth", "can-i"] and "--list" not in args:
+            # kubectl's answer is the output; its exit code is 1 for "no".
+            proc = subprocess.run(
+                [binary, *args], capture_output=True, text=True, env=env, timeout=60
+            )
+            answer = (proc.stdout.split() or [""])[0]  # "yes", or "no - <reason>"
+            assert answer in ("yes", "no"), f"{args}:\n{proc.stdout}\n{proc.stderr}"
+            assert proc.returncode == (0 if answer == "yes" else 1)
+        else:
+            run(*args)
 
     alice, dave, admin = (str(users[name]) for name in ("alice", "dave", "admin"))
     raw = json.loads(
         run("--kubeconfig", alice, "get", "--raw", "/api/v1/namespaces/default/configmaps")
     )
-    assert [i["metadata"]["name"] for i in raw["items"]] == ["settings"]
+    # The seeded configmap and the one the printed `create configmap` line made (sent as
+    # Kubernetes protobuf, transcoded by the sidecar).
+    assert [i["metadata"]["name"] for i in raw["items"]] == ["settings", "web"]
     assert run("--kubeconfig", alice, "get", "configmaps", "-o", "name").split() == [
-        "configmap/settings"
+        "configmap/settings",
+        "configmap/web",
     ]
     assert sorted(run("--kubeconfig", alice, "get", "servers", "-o", "name").split()) == [
         "server.compute/db-1",
@@ -111,7 +122,7 @@ def _kubectl_checks(output: str, tmp: Path) -> None:
     assert run("--kubeconfig", dave, "get", "servers", "-o", "name").split() == [
         "server.compute/api-1"
     ]
-    # dave's namespace 'default' is beta's: acme's configmap is not there.
+    # dave's namespace 'default' is beta's: acme's configmaps are not there.
     assert run("--kubeconfig", dave, "get", "configmaps", "-o", "name").split() == []
     assert len(run("--kubeconfig", admin, "get", "nodes", "-o", "name").split()) == 4
 
