@@ -197,5 +197,11 @@ def test_demo_runs_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert not Path(work).exists()
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+            # A failed assertion: let the demo stop its store and sidecar (SIGINT), and
+            # only then kill what is left of its process group.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
