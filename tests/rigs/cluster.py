@@ -6,8 +6,6 @@ Used by the kubectl and the Python client end-to-end tests through the module-sc
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import ssl
 import urllib.error
@@ -17,11 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sidecar.demo import Authority
 from tests.rigs import paths, processes
 
 SHIPPED_POLICIES = paths.SHIPPED_POLICIES
@@ -35,76 +30,12 @@ USERS: dict[str, tuple[str, str, str, list[str]]] = {
 NS = "ns1"
 
 
-# -- a CA and a server certificate ------------------------------------------------------
+# -- a CA and a server certificate: the demo's own `Authority` --------------------------
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def make_ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def make_server_cert(
-    ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
-) -> tuple[bytes, bytes]:
-    """(certificate PEM, key PEM) for 127.0.0.1 and localhost, signed by the CA."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("sidecar"))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+def make_ca(cn: str) -> Authority:
+    """A certificate authority made here (the one `sidecar demo` uses)."""
+    return Authority(cn)
 
 
 # -- the sidecar over HTTPS, the store, kubeconfigs ---------------------------------------
@@ -174,10 +105,10 @@ def _wait_https(env: ClusterEnv, proc: processes.Proc, timeout: float = 20.0) ->
 
 
 def start_cluster(tmp: Path) -> ClusterEnv:
-    ca_key, ca = make_ca("e2e test CA")
-    cert_pem, key_pem = make_server_cert(ca_key, ca)
+    ca = make_ca("e2e test CA")
+    cert_pem, key_pem = ca.issue()
     ca_file, cert_file, key_file = tmp / "ca.crt", tmp / "tls.crt", tmp / "tls.key"
-    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_file.write_bytes(ca.cert_pem)
     cert_file.write_bytes(cert_pem)
     key_file.write_bytes(key_pem)
     key_file.chmod(0o600)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from tests.rigs.cluster import NS, USERS, ClusterEnv, kubeconfig, make_ca
 
@@ -226,9 +225,8 @@ def test_isolation_other_tenants_objects_stay_invisible(kubectl: Kubectl) -> Non
 
 
 def test_wrong_ca_fails_the_handshake(kubectl: Kubectl, cluster: ClusterEnv) -> None:
-    _other_key, other_ca = make_ca("another CA")
     other_file = cluster.tmp / "other-ca.crt"
-    other_file.write_bytes(other_ca.public_bytes(serialization.Encoding.PEM))
+    other_file.write_bytes(make_ca("another CA").cert_pem)
     config = cluster.tmp / "wrong-ca.kubeconfig"
     config.write_text(kubeconfig(cluster.url, other_file, "alice", USERS["alice"][0], NS))
     result = kubectl.run("alice", "get", "cm", kubeconfig=config)
