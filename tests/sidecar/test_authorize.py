@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.rigs import paths
+from tests.rigs.client import BearerClient
 from tests.rigs.inprocess import running_sidecar
 from tests.rigs.processes import free_port
 from tests.rigs.tokens import CASE_TOKENS
@@ -75,38 +76,16 @@ def _config(tmp: Path, **extra: Any) -> dict[str, Any]:
     return {"identity.tokenFile": str(tokens), "policies": str(CASES_DIR), **extra}
 
 
-class Client:
-    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.http, self.url = http, url
-
-    async def __call__(
-        self,
-        who: str,
-        method: str,
-        path: str,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {who}"}
-        data = None
-        if body is not None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        async with self.http.request(method, self.url + path, data=data, headers=headers) as r:
-            raw = await r.read()
-            return r.status, json.loads(raw) if raw else None
-
-
 @pytest.fixture
-async def client(tmp_path: Path, upstream: Upstream) -> AsyncIterator[Client]:
+async def client(tmp_path: Path, upstream: Upstream) -> AsyncIterator[BearerClient]:
     url = f"http://127.0.0.1:{upstream.server.port}"
     async with running_sidecar(tmp_path, url, _config(tmp_path)) as side:
         async with aiohttp.ClientSession() as http:
-            yield Client(http, side)
+            yield BearerClient(http, side)
 
 
 async def test_allow_forwards_and_deny_is_403_naming_user_verb_resource(
-    client: Client, upstream: Upstream
+    client: BearerClient, upstream: Upstream
 ) -> None:
     status, _ = await client("alice", "GET", "/api/v1/tenants/acme/namespaces/dev/pods")
     assert status == 200
@@ -122,14 +101,14 @@ async def test_allow_forwards_and_deny_is_403_naming_user_verb_resource(
     assert upstream.forwarded("DELETE", "/api") == []
 
 
-async def test_non_resource_urls(client: Client) -> None:
+async def test_non_resource_urls(client: BearerClient) -> None:
     assert (await client("alice", "GET", "/version"))[0] == 200
     status, body = await client("alice", "GET", "/secret-admin")
     assert status == 403
     assert "/secret-admin" in body["message"]
 
 
-async def test_cluster_scoped_denial_is_404_for_tenants(client: Client) -> None:
+async def test_cluster_scoped_denial_is_404_for_tenants(client: BearerClient) -> None:
     status, body = await client("oscar", "DELETE", "/api/v1/nodes/n1")
     assert status == 404
     assert body["reason"] == "NotFound"
@@ -137,7 +116,7 @@ async def test_cluster_scoped_denial_is_404_for_tenants(client: Client) -> None:
     assert (await client("root", "GET", "/api/v1/nodes/n1"))[0] == 200
 
 
-async def test_owner_item_access(client: Client, upstream: Upstream) -> None:
+async def test_owner_item_access(client: BearerClient, upstream: Upstream) -> None:
     assert (await client("oscar", "GET", "/api/v1/nodes/n1"))[0] == 200
     for name in ("n2", "n3", "n4", "n5", "missing"):
         status, body = await client("oscar", "GET", f"/api/v1/nodes/{name}")
@@ -150,7 +129,7 @@ async def test_owner_item_access(client: Client, upstream: Upstream) -> None:
     assert len([s for s in upstream.seen if s[1] == "/api/v1/nodes/n2"]) == 3
 
 
-async def test_owner_lookup_is_cached_per_tenant(client: Client, upstream: Upstream) -> None:
+async def test_owner_lookup_is_cached_per_tenant(client: BearerClient, upstream: Upstream) -> None:
     for _ in range(3):
         assert (await client("oscar", "GET", "/api/v1/nodes/n2"))[0] == 404
     # The sidecar read n2 once for acme; beta's first read is its own lookup.
@@ -159,13 +138,13 @@ async def test_owner_lookup_is_cached_per_tenant(client: Client, upstream: Upstr
     assert upstream.gets["n2"] == 3  # beta's lookup + the forwarded GET
 
 
-async def test_owner_lookup_failure_is_503(client: Client) -> None:
+async def test_owner_lookup_failure_is_503(client: BearerClient) -> None:
     status, body = await client("oscar", "GET", "/api/v1/nodes/broken")
     assert status == 503
     assert body["kind"] == "Status"
 
 
-async def test_owner_only_list_is_filtered(client: Client, upstream: Upstream) -> None:
+async def test_owner_only_list_is_filtered(client: BearerClient, upstream: Upstream) -> None:
     status, body = await client("oscar", "GET", "/api/v1/nodes")
     assert status == 200
     assert [i["metadata"]["name"] for i in body["items"]] == ["n1"]
@@ -177,7 +156,7 @@ async def test_owner_only_list_is_filtered(client: Client, upstream: Upstream) -
     assert upstream.seen[-1][1] == "/api/v1/nodes"
 
 
-async def test_owner_patch_and_power(client: Client, upstream: Upstream) -> None:
+async def test_owner_patch_and_power(client: BearerClient, upstream: Upstream) -> None:
     status, body = await client(
         "oscar",
         "PATCH",
@@ -214,7 +193,7 @@ async def test_owner_patch_and_power(client: Client, upstream: Upstream) -> None
 
 
 async def test_restricted_create_defaults_and_checks_owner(
-    client: Client, upstream: Upstream
+    client: BearerClient, upstream: Upstream
 ) -> None:
     path = "/apis/baremetal/v1/tenants/acme/allocations"
     status, body = await client("oscar", "POST", path, {"spec": {"resource_class": "gpu"}})
@@ -239,7 +218,7 @@ async def test_restricted_create_defaults_and_checks_owner(
     assert body["echo"]["spec"] == {"owner": "acme"}
 
 
-async def test_self_subject_access_review(client: Client, upstream: Upstream) -> None:
+async def test_self_subject_access_review(client: BearerClient, upstream: Upstream) -> None:
     before = len(upstream.seen)
     review: dict[str, Any] = {
         "apiVersion": "authorization.k8s.io/v1",
@@ -293,7 +272,7 @@ async def test_self_subject_access_review(client: Client, upstream: Upstream) ->
     assert [s for s in upstream.seen[before:] if "accessreviews" in s[1]] == []
 
 
-async def test_subject_access_review(client: Client) -> None:
+async def test_subject_access_review(client: BearerClient) -> None:
     path = "/apis/authorization.k8s.io/v1/tenants/acme/subjectaccessreviews"
     review = {
         "spec": {
@@ -318,7 +297,7 @@ async def test_dry_run_forwards_would_deny(tmp_path: Path, upstream: Upstream) -
     url = f"http://127.0.0.1:{upstream.server.port}"
     async with running_sidecar(tmp_path, url, _config(tmp_path, mode="dry-run")) as side:
         async with aiohttp.ClientSession() as http:
-            client = Client(http, side)
+            client = BearerClient(http, side)
             path = "/api/v1/tenants/acme/namespaces/dev/pods/p"
             assert (await client("alice", "DELETE", path))[0] == 200
             assert upstream.forwarded("DELETE", path)
@@ -331,7 +310,7 @@ async def test_upstream_down_during_owner_fetch_is_503(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     async with running_sidecar(tmp_path, url, _config(tmp_path)) as side:
         async with aiohttp.ClientSession() as http:
-            status, body = await Client(http, side)("oscar", "GET", "/api/v1/nodes/n1")
+            status, body = await BearerClient(http, side)("oscar", "GET", "/api/v1/nodes/n1")
             assert status == 503
             assert body["kind"] == "Status"
 
@@ -364,7 +343,7 @@ async def test_field_selector_name_lets_a_resource_names_rule_watch_one_object(
     cms = "/api/v1/tenants/acme/namespaces/dev/configmaps"
     async with running_sidecar(tmp_path, url, config) as side:
         async with aiohttp.ClientSession() as http:
-            client = Client(http, side)
+            client = BearerClient(http, side)
             for query in (
                 "?fieldSelector=metadata.name%3Dapp-config",
                 "?watch=1&fieldSelector=metadata.name%3D%3Dapp-config",

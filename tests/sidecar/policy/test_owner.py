@@ -3,7 +3,6 @@ processes on loopback (Ironic node owners, restricted allocations)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import aiohttp
 import pytest
 
 from tests.rigs import processes
+from tests.rigs.client import BearerClient
 from tests.rigs.paths import POLICY_CASES as CASES_DIR
 from tests.rigs.tokens import CASE_TOKENS as TOKENS
 
@@ -31,32 +31,10 @@ def stack(tmp_path: Path, procs: processes.Processes) -> str:
     return sidecar.url
 
 
-class Client:
-    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.http, self.url = http, url
-
-    async def __call__(
-        self,
-        who: str,
-        method: str,
-        path: str,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {who}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        async with self.http.request(method, self.url + path, data=data, headers=headers) as r:
-            raw = await r.read()
-            return r.status, json.loads(raw) if raw else None
-
-
 @pytest.fixture
-async def client(stack: str) -> AsyncIterator[Client]:
+async def client(stack: str) -> AsyncIterator[BearerClient]:
     async with aiohttp.ClientSession() as http:
-        c = Client(http, stack)
+        c = BearerClient(http, stack)
         for tenant in ("acme", "beta"):
             status, body = await c(
                 "root", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
@@ -82,7 +60,7 @@ def names(body: Any) -> list[str]:
     return sorted(i["metadata"]["name"] for i in body["items"])
 
 
-async def test_node_owners_get_patch_power_and_404_on_others(client: Client) -> None:
+async def test_node_owners_get_patch_power_and_404_on_others(client: BearerClient) -> None:
     status, body = await client("oscar", "GET", "/api/v1/nodes/n1")
     assert status == 200
     assert body["spec"]["owner"] == "acme"
@@ -128,7 +106,7 @@ async def test_node_owners_get_patch_power_and_404_on_others(client: Client) -> 
     assert (await client("oscar", "DELETE", "/api/v1/nodes/n1"))[0] == 404
 
 
-async def test_filtered_versus_full_node_lists(client: Client) -> None:
+async def test_filtered_versus_full_node_lists(client: BearerClient) -> None:
     status, body = await client("oscar", "GET", "/api/v1/nodes")
     assert status == 200
     assert names(body) == ["n1", "n4"]
@@ -142,7 +120,7 @@ async def test_filtered_versus_full_node_lists(client: Client) -> None:
     assert status == 404
 
 
-async def test_restricted_and_unrestricted_allocations(client: Client) -> None:
+async def test_restricted_and_unrestricted_allocations(client: BearerClient) -> None:
     acme = "/apis/baremetal/v1/tenants/acme/allocations"
     status, body = await client(
         "oscar", "POST", acme, {"metadata": {"name": "a1"}, "spec": {"resource_class": "gpu"}}
