@@ -454,6 +454,8 @@ def _load_git(spec: str) -> PolicyBundle:
     path = path or "policies"
     if not ref:
         raise SourceError(f"{spec}: no git ref (git:REF[:PATH])")
+    if ref.startswith("-"):  # never let a ref become an option of git
+        raise SourceError(f"{spec}: git ref {ref!r} does not exist")
     norm = posixpath.normpath(path)
     if norm.startswith("/") or norm == ".." or norm.startswith("../"):
         raise SourceError(f"{spec}: path {path!r} is outside the repository")

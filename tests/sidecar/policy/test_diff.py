@@ -272,6 +272,7 @@ def test_rate_limit_and_quota_changes(tmp_path: Path) -> None:
     ("old", "needle"),
     [
         ("git:no-such-ref:policies", "git ref 'no-such-ref' does not exist"),
+        ("git:--output=/tmp/x:policies", "git ref '--output=/tmp/x' does not exist"),
         ("git:HEAD:../outside", "is outside the repository"),
         ("git:HEAD:/etc", "is outside the repository"),
         ("missing-dir", "no such policy directory"),
