@@ -15,6 +15,7 @@ About 45% of the generated requests are denials. DESIGN §11 targets at 100k lin
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -173,7 +174,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--only", choices=[s[0] for s in SIZES])
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    results = []
     print(
         "| policy | compiled lines | tenants | load (parse + compile) | miss p50 / p99 "
         "| hit p50 / p99 | denied |"
@@ -183,6 +186,7 @@ def main() -> int:
         if args.only and label != args.only:
             continue
         r = bench(label, lines, tenants, args.requests)
+        results.append(r)
         print(
             f"| {r['size']} | {r['lines']:,} | {r['tenants']:,} "
             f"| {r['load_s']:.2f} s ({r['parse_s']:.2f} + {r['compile_s']:.2f}) "
@@ -190,6 +194,8 @@ def main() -> int:
             f"| {r['hit_p50']:.1f} / {r['hit_p99']:.1f} µs | {r['deny_pct']:.0f}% |",
             flush=True,
         )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
 

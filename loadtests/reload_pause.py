@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,7 +35,7 @@ def pct(gaps: list[float], q: float) -> float:
     return sorted(gaps)[min(len(gaps) - 1, int(q * len(gaps)))] * 1000
 
 
-async def measure(lines: int, after: float) -> str:
+async def measure(lines: int, after: float) -> dict[str, Any]:
     tenants = max(10, lines // 10)
     work = Path(tempfile.mkdtemp(prefix="reload-pause-"))
     (work / "p.yaml").write_text(generate(lines, tenants, random.Random(1))[0])
@@ -70,11 +72,25 @@ async def measure(lines: int, after: float) -> str:
     stop = True
     await task
     await reloader.stop()
+    return {
+        "lines": store.current.engine.line_count,
+        "initial_s": initial,
+        "reload_s": took,
+        "swapped": swapped,
+        "during_p50_ms": pct(during, 0.5),
+        "during_p99_ms": pct(during, 0.99),
+        "during_max_ms": max(during) * 1000,
+        "after_p99_ms": pct(later, 0.99),
+        "after_max_ms": max(later) * 1000,
+    }
+
+
+def row(r: dict[str, Any]) -> str:
     return (
-        f"| {store.current.engine.line_count:,} | {initial:.2f} s | {took:.2f} s "
-        f"({'swapped' if swapped else 'NOT swapped'}) | {pct(during, 0.5):.1f} / "
-        f"{pct(during, 0.99):.1f} / {max(during) * 1000:.1f} ms | {pct(later, 0.99):.1f} / "
-        f"{max(later) * 1000:.1f} ms |"
+        f"| {r['lines']:,} | {r['initial_s']:.2f} s | {r['reload_s']:.2f} s "
+        f"({'swapped' if r['swapped'] else 'NOT swapped'}) | {r['during_p50_ms']:.1f} / "
+        f"{r['during_p99_ms']:.1f} / {r['during_max_ms']:.1f} ms | {r['after_p99_ms']:.1f} / "
+        f"{r['after_max_ms']:.1f} ms |"
     )
 
 
@@ -84,14 +100,19 @@ def main() -> int:
     parser.add_argument(
         "--after", type=float, default=8.0, help="seconds to keep measuring after the swap"
     )
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     print(
         "| policy lines | initial load | reload | loop gap during reload p50 / p99 / max "
         "| after the swap p99 / max |"
     )
     print("|---|---|---|---|---|")
+    results = []
     for lines in args.lines:
-        print(asyncio.run(measure(lines, args.after)), flush=True)
+        results.append(asyncio.run(measure(lines, args.after)))
+        print(row(results[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         "default redis://127.0.0.1:6379/0; keys removed afterwards)",
     )
     parser.add_argument(
+        "--factor",
+        type=float,
+        default=10.0,
+        help="noisy-neighbour: the noisy tenant offers this many times its limit "
+        "(default 10; DESIGN §11 also names 40)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 when a scenario misses its target"
     )
     args = parser.parse_args(argv)
@@ -56,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seconds must be in (0, 600]")
     if args.scale <= 0:
         parser.error("--scale must be positive")
+    if args.factor <= 0:
+        parser.error("--factor must be positive")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     out = Path(args.out)
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[name]
         try:
-            opts = Options(seconds, args.scale, args.workers, args.global_tier)
+            opts = Options(seconds, args.scale, args.workers, args.global_tier, args.factor)
             text, ok = SCENARIOS[name](out, opts)
         except RuntimeError as exc:
             print(f"{name}: could not run: {exc}", file=sys.stderr)

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import report
-from loadtests.loadgen import Record, RequestSpec, Stream, new_session, open_loop, send_one
+from loadtests.loadgen import (
+    Record,
+    RequestSpec,
+    Stream,
+    new_session,
+    open_loop,
+    open_loop_in_processes,
+    send_one,
+)
 from loadtests.report import percentile
 from loadtests.stack import (
     ROOT,
@@ -54,6 +62,8 @@ class Options:
     scale: float = 1.0
     workers: int = 1
     global_tier: bool = False
+    # noisy-neighbour: the noisy tenant offers this many times its limit.
+    factor: float = 10.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -221,10 +231,12 @@ def limits(out: Path, opts: Options) -> tuple[str, bool]:
 
 
 def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
-    seconds, scale = opts.seconds, opts.scale
+    seconds, scale, factor = opts.seconds, opts.scale, opts.factor
     rate = max(2.0, 50.0 * scale)
     burst = max(2, round(50 * scale))
     half = seconds / 2
+    # DESIGN §11: within 1.5x of alone at 10x the limit, within 2x at 40x.
+    target = 1.5 if factor <= 10 else 2.0
     with Stack(out / "work-noisy-neighbour") as stack:
         store = stack.start_store()
         for t in ("noisy", "quiet"):
@@ -247,13 +259,18 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
                     headers={"Authorization": f"Bearer token-{t}"},
                 )
         time.sleep(max(1.0, 6 / rate))
-        streams = [
+        quiet_streams = [
             Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), 0, half, "alone"),
             Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), half, half, "with-noisy"),
-            Stream("noisy", rate * 10, _get_server(sidecar.url, "noisy"), half, half, "with-noisy"),
+        ]
+        noisy_streams = [
+            Stream(
+                "noisy", rate * factor, _get_server(sidecar.url, "noisy"), half, half, "with-noisy"
+            )
         ]
         try:
-            records = asyncio.run(open_loop(streams))
+            # Each tenant's client in its own process, as on its own machine.
+            records = open_loop_in_processes([quiet_streams, noisy_streams])
         finally:
             if opts.global_tier:
                 stack.close()
@@ -282,7 +299,7 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
     )
     ratio = loaded["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else math.nan
     success_ok = loaded["success_rate"] == 1.0 and alone["success_rate"] == 1.0
-    p99_ok = ratio <= 1.5
+    p99_ok = ratio <= target
     report.write_rows(out / "noisy-neighbour.csv", [alone, loaded, noisy])
     report.write_records(out / "noisy-neighbour-requests.csv", records)
     report.chart_rates(
@@ -299,7 +316,8 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
     )
     lines = [
         f"both tenants: rate {rate:g}/s burst {burst}; quiet offers {rate / 2:g}/s for "
-        f"{seconds:g} s, noisy offers {rate * 10:g}/s in the second half",
+        f"{seconds:g} s, noisy offers {rate * factor:g}/s ({factor:g}x its limit) in the "
+        "second half; each tenant's client runs in its own process",
         "",
         f"{'tenant/phase':22} {'requests':>8} {'success':>8} {'p50ms':>7} {'p99ms':>7}  statuses",
     ]
@@ -312,7 +330,8 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
     lines += [
         "",
         f"quiet success rate 100% in both phases: {_verdict(success_ok)}",
-        f"quiet p99 with noisy / alone = {ratio:.2f} (target <= 1.5): {_verdict(p99_ok)}",
+        f"quiet p99 with noisy / alone = {ratio:.2f} (target <= {target:g} at "
+        f"{factor:g}x): {_verdict(p99_ok)}",
     ]
     text = report.write_summary(
         out / "noisy-neighbour-summary.txt", "scenario: noisy-neighbour", lines

@@ -146,21 +146,24 @@ def build_app(config: Config) -> web.Application:
             # new connection and on a kept-alive one alike (slow clients, §8).
             "keepalive_timeout": config.limits.header_timeout,
         },
+        # A middleware, not a wrapper in the route: it also sees requests no route
+        # matches (`CONNECT host:port`), so they get a Status body too.
         middlewares=[framing.guard],
     )
     app[METRICS_KEY] = metrics
     app[READINESS_KEY] = readiness
     probes = probe_handler(readiness)
-    _add_routes(
+    quota_route = chain("ratelimit", quota_api)
+    _route_all(
         app,
-        [
-            ("/healthz", probes),
-            ("/readyz", probes),
-            ("/metrics", chain("authorize", metrics_handler(metrics))),
-            (QUOTA_PREFIX, chain("ratelimit", quota_api)),
-            (QUOTA_PREFIX + "/{tail:.*}", chain("ratelimit", quota_api)),
-            ("/{tail:.*}", chain(None, upstream.forward)),
-        ],
+        exact={
+            "/healthz": probes,
+            "/readyz": probes,
+            "/metrics": chain("authorize", metrics_handler(metrics)),
+            QUOTA_PREFIX: quota_route,
+        },
+        prefixes=[(QUOTA_PREFIX + "/", quota_route)],
+        default=chain(None, upstream.forward),
     )
 
     async def first_policy_revision(_: web.Application) -> AsyncIterator[None]:
@@ -204,11 +207,30 @@ def build_app(config: Config) -> web.Application:
     return app
 
 
-def _add_routes(app: web.Application, routes: Sequence[tuple[str, Route]]) -> None:
-    """Every method on every route: the sidecar answers 405 itself, with a Status
-    body, where a method does not apply."""
-    for path, handler in routes:
-        app.router.add_route("*", path, handler, expect_handler=framing.expect_handler)
+def _route_all(
+    app: web.Application,
+    exact: dict[str, Route],
+    prefixes: Sequence[tuple[str, Route]],
+    default: Route,
+) -> None:
+    """One aiohttp route for every path and method, dispatching by the decoded path
+    (an exact path, then a prefix, else `default`): aiohttp's router tries its routes
+    one by one with regular expressions, which costs more per request than these few
+    string comparisons. Every method reaches the handler: the sidecar answers 405
+    itself, with a Status body, where a method does not apply."""
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        handler = exact.get(path)
+        if handler is None:
+            handler = default
+            for prefix, route in prefixes:
+                if path.startswith(prefix):
+                    handler = route
+                    break
+        return await handler(request)
+
+    app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=framing.expect_handler)
 
 
 def _entry(config: Config, policy: PolicyStore, handler: Handler) -> Route:

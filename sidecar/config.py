@@ -162,6 +162,9 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     reload: ReloadConfig = field(default_factory=ReloadConfig)
     workers: int = 1
+    # `auto`: uvloop when it is installed (a dependency on Linux and macOS), else
+    # asyncio's own loop; `uvloop` refuses to start without it.
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

@@ -1,4 +1,9 @@
-"""The parse stage: header-size check, then URL → `ctx.target` (DESIGN §3)."""
+"""The parse stage: header-size check, then URL → `ctx.target` (DESIGN §3).
+
+`parse_target` is a pure function of the method and the raw target, and its result is
+immutable, so the last `CACHE_SIZE` distinct (method, target) pairs are remembered:
+most traffic repeats a few URLs, and parsing is a good part of a cached read's cost.
+A client sending ever-new URLs only empties the cache now and then (never grows it)."""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ from aiohttp import web
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError
 from sidecar.pipeline import Handler
-from sidecar.target import TargetError, parse_target
+from sidecar.target import RequestTarget, TargetError, parse_target
+
+CACHE_SIZE = 4096
 
 
 class ParseStage:
@@ -15,6 +22,7 @@ class ParseStage:
 
     def __init__(self, max_header_bytes: int) -> None:
         self.max_header_bytes = max_header_bytes
+        self._parsed: dict[tuple[str, str], RequestTarget | TargetError] = {}
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         request = ctx.request
@@ -25,10 +33,24 @@ class ParseStage:
             raise StatusError(
                 431, f"the request headers are larger than {self.max_header_bytes} bytes"
             )
-        raw = request.raw_path
-        path, _, query = raw.partition("?")
-        try:
-            ctx.target = parse_target(request.method, path, query)
-        except TargetError as exc:
-            raise StatusError(exc.code, exc.message) from None
+        key = (request.method, request.raw_path)
+        parsed = self._parsed.get(key)
+        if parsed is None:
+            parsed = self._parse(*key)
+        if isinstance(parsed, TargetError):
+            raise StatusError(parsed.code, parsed.message)
+        ctx.target = parsed
         return await call_next(ctx)
+
+    def _parse(self, method: str, raw: str) -> RequestTarget | TargetError:
+        path, _, query = raw.partition("?")
+        parsed: RequestTarget | TargetError
+        try:
+            parsed = parse_target(method, path, query)
+        except TargetError as exc:
+            parsed = exc
+            parsed.__traceback__ = None  # kept: hold no frames
+        if len(self._parsed) >= CACHE_SIZE:
+            self._parsed.clear()
+        self._parsed[(method, raw)] = parsed
+        return parsed

@@ -1,4 +1,5 @@
-"""Forwarding to the upstream: one pooled aiohttp ClientSession, bodies streamed.
+"""Forwarding to the upstream over the lean keep-alive pool (sidecar/upstream_pool.py),
+bodies streamed.
 
 Owns the upstream connection pool, header rewriting (hop-by-hop dropped, identity and
 `X-Forwarded-*` set), timeouts, and the mapping of upstream failures to 502/504. Also
@@ -18,14 +19,13 @@ from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
-from yarl import URL
 
 from sidecar.config import Config
 from sidecar.context import Identity, RequestContext, malformed_body
 from sidecar.errors import StatusError
 from sidecar.framing import send_continue
 from sidecar.metrics import Metrics
+from sidecar.upstream_pool import Body, Response, UpstreamBroken, UpstreamPool, UpstreamUnreachable
 from sidecar.watches import WatchRelay
 
 log = logging.getLogger("sidecar.proxy")
@@ -71,7 +71,7 @@ _NOT_HOP_BY_HOP = frozenset(
 )
 # Identity headers: only the sidecar sets them. `_` counts as `-` (`X_Remote_User`),
 # since some upstream servers read both spellings as the same header.
-_IDENTITY_PREFIX = "x-remote-"
+_IDENTITY_PREFIXES = ("x-remote-", "x_remote_", "x-remote_", "x_remote-")
 # Upstream answers up to this size (with a Content-Length) are sent in one write.
 SMALL_BODY = 64 * 1024
 # A buffered (owner-filtered) upstream response larger than this is refused with 502.
@@ -86,59 +86,21 @@ class Upstream:
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        target = config.upstream
-        self.socket_path: str | None = None
-        if target.startswith("unix:"):
-            self.socket_path = target[len("unix:") :]
-            self.base = "http://localhost"
-        else:
-            self.base = target.rstrip("/")
         limits = config.limits
         self.read_timeout = limits.upstream_read_timeout
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=limits.upstream_connect_timeout, sock_read=None
-        )
         self.forward_authorization = config.identity.forward_authorization
-        self._session: aiohttp.ClientSession | None = None
+        self._drop = HOP_BY_HOP | _REPLACED
+        if not self.forward_authorization:
+            self._drop = self._drop | {"authorization"}
+        # Ordinary requests and the sidecar's own calls.
+        self.pool = UpstreamPool(
+            config.upstream, limits.upstream_pool_size, limits.upstream_connect_timeout
+        )
         # Watches: a pool of their own, so they never take ordinary requests'
         # connections; a full one is a prompt 503 (sidecar/watches.py).
         self.watches = WatchRelay(limits.upstream_watch_pool_size)
-        self._watch_session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The pool of ordinary requests and the sidecar's own calls."""
-        if self._session is None:
-            self._session = self._new_session(self.config.limits.upstream_pool_size, self.timeout)
-        return self._session
-
-    @property
-    def watch_session(self) -> aiohttp.ClientSession:
-        """The pool of watches (`limits.upstreamWatchPoolSize`)."""
-        if self._watch_session is None:
-            limits = self.config.limits
-            # `connect` also bounds the wait for a pooled connection: never indefinite.
-            timeout = aiohttp.ClientTimeout(
-                total=None,
-                connect=limits.upstream_connect_timeout,
-                sock_connect=limits.upstream_connect_timeout,
-                sock_read=None,
-            )
-            self._watch_session = self._new_session(self.watches.pool_size, timeout)
-        return self._watch_session
-
-    def _new_session(self, pool: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
-        connector: aiohttp.BaseConnector
-        if self.socket_path:
-            connector = aiohttp.UnixConnector(path=self.socket_path, limit=pool)
-        else:
-            connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        self.watch_pool = UpstreamPool(
+            config.upstream, self.watches.pool_size, limits.upstream_connect_timeout
         )
 
     def close_watches(self) -> None:
@@ -147,10 +109,8 @@ class Upstream:
 
     async def close(self) -> None:
         self.watches.close_all()
-        for session in (self._session, self._watch_session):
-            if session is not None:
-                await session.close()
-        self._session = self._watch_session = None
+        await self.pool.close()
+        await self.watch_pool.close()
 
     # -- forwarding ---------------------------------------------------------------
 
@@ -163,63 +123,72 @@ class Upstream:
 
     async def _forward(self, ctx: RequestContext) -> web.StreamResponse:
         request = ctx.request
-        url = self._url(request.raw_path, ctx.upstream_query)
-        headers = self.upstream_headers(ctx)
+        target = _target(request.raw_path, ctx.upstream_query)
+        # An answer a stage must read (filtered lists, recorded creates) is read whole.
+        whole = ctx.response_filter is not None or ctx.read_whole_answer
+        headers = self.upstream_headers(ctx, identity_encoding=whole)
         body_state = _BodyState()
-        data: Any = None
+        body: Body = None
+        length: int | None = None
         if ctx.body is not None:
-            data = ctx.body
+            body = ctx.body
         elif request.body_exists:
             length = request.content_length
             limit = ctx.max_body_bytes
-            if length is not None:
-                if length > limit:
-                    raise StatusError(413, f"the request body is larger than {limit} bytes")
-                headers["Content-Length"] = str(length)
-            data = _stream_body(request, limit, body_state)
-        # An answer a stage must read (filtered lists, recorded creates) is read whole.
-        whole = ctx.response_filter is not None or ctx.read_whole_answer
-        if whole:
-            headers["Accept-Encoding"] = "identity"
+            if length is not None and length > limit:
+                raise StatusError(413, f"the request body is larger than {limit} bytes")
+            body = _stream_body(request, limit, body_state)
         watching = ctx.target is not None and ctx.target.verb == "watch"
         # A small fixed-length answer is read whole under the same timeout as the headers
         # and sent in one write; anything else streams.
         small_ok = not watching and not whole and request.method != "HEAD"
-        body: bytes | None = None
+        pool = self.watch_pool if watching else self.pool
+        answer: bytes | None = None
         try:
-            async with asyncio.timeout(None if watching else self.read_timeout):
-                session = self.watch_session if watching else self.session
-                upstream = await session.request(
-                    request.method, url, headers=headers, data=data, allow_redirects=False
-                )
-                length = upstream.content_length
-                if small_ok and length is not None and length <= SMALL_BODY:
-                    try:
-                        body = await upstream.read()
-                    except aiohttp.ClientError as exc:
-                        upstream.release()
-                        self.metrics.upstream_errors.labels("reset").inc()
-                        raise UpstreamError(
-                            502, f"the upstream failed mid-answer: {_describe(exc)}"
-                        ) from None
+            # The pool's deadline covers the request and a small answer's body
+            # (sidecar/upstream_pool.py: cheaper than a timer per request).
+            upstream = await pool.request(
+                request.method,
+                target,
+                headers,
+                body,
+                length,
+                within=None if watching else self.read_timeout,
+            )
+            size = upstream.content_length
+            if small_ok and size is not None and size <= SMALL_BODY:
+                try:
+                    answer = await upstream.read()
+                except UpstreamBroken as exc:
+                    upstream.close()
+                    self.metrics.upstream_errors.labels("reset").inc()
+                    raise UpstreamError(
+                        502, f"the upstream failed mid-answer: {_describe(exc)}"
+                    ) from None
+                except BaseException:
+                    upstream.close()
+                    raise
         except TimeoutError:
             self.metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamError(504, "the upstream did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except ValueError as exc:
             if body_state.too_large:
                 raise StatusError(
                     413, f"the request body is larger than {ctx.max_body_bytes} bytes"
                 ) from None
-            if body_state.malformed:
-                raise malformed_body() from None
+            raise StatusError(400, f"a header cannot be forwarded: {exc}") from None
+        except web.RequestPayloadError:
+            raise malformed_body() from None
+        except (UpstreamUnreachable, UpstreamBroken, OSError) as exc:
             if body_state.client_gone:
                 raise ConnectionResetError("client went away while sending its body") from None
             self.metrics.upstream_errors.labels("refused").inc()
             raise UpstreamError(502, f"the upstream is unreachable: {_describe(exc)}") from None
         ctx.status = upstream.status
-        if body is not None:
+        if answer is not None:
             upstream.release()
-            return _whole_response(ctx, upstream, body)
+            return _whole_response(ctx, upstream, answer)
+        upstream.disarm()  # the reads below are timed on their own
         try:
             if whole:
                 return await self._filtered(ctx, upstream)
@@ -228,7 +197,7 @@ class Upstream:
             upstream.release()
 
     async def _stream_back(
-        self, ctx: RequestContext, upstream: aiohttp.ClientResponse, watching: bool
+        self, ctx: RequestContext, upstream: Response, watching: bool
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         _copy_response_headers(upstream, response)
@@ -244,7 +213,7 @@ class Upstream:
                 while True:
                     if idle is not None:
                         deadline.reschedule(loop.time() + idle)
-                    chunk = await upstream.content.readany()
+                    chunk = await upstream.readany()
                     if not chunk:
                         break
                     await response.write(chunk)
@@ -253,31 +222,22 @@ class Upstream:
             self.metrics.upstream_errors.labels("timeout").inc()
             upstream.close()
             _abort(ctx.request)
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError,
-        ) as exc:
-            if isinstance(exc, ConnectionResetError) and ctx.request.transport is None:
-                upstream.close()
-                raise
+        except UpstreamBroken:
             self.metrics.upstream_errors.labels("reset").inc()
             upstream.close()
             _abort(ctx.request)
-        except ConnectionResetError:
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             upstream.close()
             raise
         return response
 
-    async def _filtered(
-        self, ctx: RequestContext, upstream: aiohttp.ClientResponse
-    ) -> web.StreamResponse:
+    async def _filtered(self, ctx: RequestContext, upstream: Response) -> web.StreamResponse:
         raw = await self._read_whole(upstream)
         if ctx.response_filter is not None:
             raw = ctx.response_filter(upstream.status, raw)
         return _whole_response(ctx, upstream, raw)
 
-    async def _read_whole(self, upstream: aiohttp.ClientResponse) -> bytes:
+    async def _read_whole(self, upstream: Response) -> bytes:
         """An upstream answer the sidecar must read (DESIGN §8): every byte up to its
         end, under the read timeout. Cut short (fewer bytes than its Content-Length, a
         chunked body without its last chunk) or larger than MAX_FILTERED_RESPONSE:
@@ -290,7 +250,7 @@ class Upstream:
         size = 0
         try:
             async with asyncio.timeout(self.read_timeout):
-                while chunk := await upstream.content.readany():
+                while chunk := await upstream.readany():
                     size += len(chunk)
                     if size > MAX_FILTERED_RESPONSE:
                         upstream.close()
@@ -302,7 +262,7 @@ class Upstream:
             upstream.close()
             self.metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamError(504, "the upstream did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except UpstreamBroken as exc:
             upstream.close()
             self.metrics.upstream_errors.labels("reset").inc()
             raise UpstreamError(
@@ -316,46 +276,43 @@ class Upstream:
             )
         return b"".join(chunks)
 
-    def upstream_headers(self, ctx: RequestContext) -> CIMultiDict[str]:
+    def upstream_headers(
+        self, ctx: RequestContext, identity_encoding: bool = False
+    ) -> list[tuple[str, str]]:
         """The headers sent upstream; 400 when `Connection` names a header that is not
-        hop-by-hop (DESIGN §8)."""
+        hop-by-hop (DESIGN §8). `identity_encoding`: ask for an uncompressed answer
+        (one the sidecar must read)."""
         request = ctx.request
-        named = {
-            token.strip().lower()
-            for value in request.headers.getall("Connection", [])
-            for token in value.split(",")
-        }
-        forbidden = sorted(named & _NOT_HOP_BY_HOP)
-        if forbidden:
-            raise StatusError(400, f"the Connection header may not name {', '.join(forbidden)}")
-        drop = HOP_BY_HOP | _REPLACED | named
-        headers: CIMultiDict[str] = CIMultiDict()
-        for name, value in request.headers.items():
-            lower = name.lower()
-            if lower in drop or lower.replace("_", "-").startswith(_IDENTITY_PREFIX):
-                continue
-            if lower == "authorization" and not self.forward_authorization:
-                continue
-            headers.add(name, value)
+        given = request.headers
+        drop = self._drop
+        connection = given.getall("Connection", ())
+        if connection:
+            named = {token.strip().lower() for value in connection for token in value.split(",")}
+            forbidden = sorted(named & _NOT_HOP_BY_HOP)
+            if forbidden:
+                raise StatusError(400, f"the Connection header may not name {', '.join(forbidden)}")
+            drop = drop | named
+        if identity_encoding:
+            drop = drop | {"accept-encoding"}
+        headers = [
+            (name, value)
+            for name, value in given.items()
+            if (lower := name.lower()) not in drop and not lower.startswith(_IDENTITY_PREFIXES)
+        ]
         identity = ctx.identity
         if identity is not None:
-            headers["X-Remote-User"] = identity.user
-            headers["X-Remote-Tenant"] = identity.tenant
-            for group in identity.groups:
-                headers.add("X-Remote-Group", group)
+            headers.append(("X-Remote-User", identity.user))
+            headers.append(("X-Remote-Tenant", identity.tenant))
+            headers += [("X-Remote-Group", group) for group in identity.groups]
         peer = request.remote or ""
-        previous = request.headers.get("X-Forwarded-For")
-        headers["X-Forwarded-For"] = f"{previous}, {peer}" if previous else peer
-        headers["X-Forwarded-Proto"] = request.scheme
-        headers["X-Forwarded-Host"] = request.host
-        headers["X-Request-Id"] = ctx.request_id
+        previous = given.get("X-Forwarded-For")
+        headers.append(("X-Forwarded-For", f"{previous}, {peer}" if previous else peer))
+        headers.append(("X-Forwarded-Proto", request.scheme))
+        headers.append(("X-Forwarded-Host", request.host))
+        headers.append(("X-Request-Id", ctx.request_id))
+        if identity_encoding:
+            headers.append(("Accept-Encoding", "identity"))
         return headers
-
-    def _url(self, raw_path: str, extra_query: list[tuple[str, str]]) -> URL:
-        if extra_query:
-            extra = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in extra_query)
-            raw_path += ("&" if "?" in raw_path else "?") + extra
-        return URL(self.base + raw_path, encoded=True)
 
     # -- the sidecar's own calls ---------------------------------------------------
 
@@ -377,16 +334,17 @@ class Upstream:
             headers["X-Remote-Tenant"] = identity.tenant
         if request_id:
             headers["X-Request-Id"] = request_id
-        url = self._url(path, query or [])
         try:
             async with asyncio.timeout(self.read_timeout):
-                resp = await self.session.get(url, headers=headers, allow_redirects=False)
+                resp = await self.pool.request("GET", _target(path, query or []), headers.items())
         except TimeoutError:
             self.metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamError(504, "the upstream did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except (UpstreamUnreachable, UpstreamBroken, OSError) as exc:
             self.metrics.upstream_errors.labels("refused").inc()
             raise UpstreamError(503, f"the upstream is unreachable: {_describe(exc)}") from None
+        except ValueError as exc:
+            raise UpstreamError(400, f"a header cannot be sent upstream: {exc}") from None
         try:
             raw = await self._read_whole(resp)
             status = resp.status
@@ -401,10 +359,13 @@ class Upstream:
         """Readiness: the upstream answers HTTP at all (any status)."""
         try:
             async with asyncio.timeout(self.config.limits.upstream_connect_timeout):
-                async with self.session.get(self._url("/healthz", [])) as resp:
+                resp = await self.pool.request("GET", "/healthz", ())
+                try:
                     await resp.read()
-                    return True, f"upstream answered {resp.status}"
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                finally:
+                    resp.release()
+                return True, f"upstream answered {resp.status}"
+        except (TimeoutError, UpstreamUnreachable, UpstreamBroken, OSError) as exc:
             return False, f"upstream unreachable: {_describe(exc)}"
 
 
@@ -419,7 +380,7 @@ class _BodyState:
 
 async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> AsyncIterator[bytes]:
     """The client's body bytes as received (never decompressed). Raising stops the
-    upstream request, whose connection aiohttp then closes instead of pooling it."""
+    upstream request, whose connection the pool then closes instead of reusing it."""
     size = 0
     await send_continue(request)
     try:
@@ -440,7 +401,16 @@ async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> A
         raise
 
 
-def _copy_response_headers(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
+def _target(raw_path: str, extra_query: list[tuple[str, str]]) -> str:
+    """The request target sent upstream: the client's, byte for byte, plus the
+    sidecar's own query parameters (owner filters)."""
+    if extra_query:
+        extra = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in extra_query)
+        raw_path += ("&" if "?" in raw_path else "?") + extra
+    return raw_path
+
+
+def _copy_response_headers(upstream: Response, response: web.StreamResponse) -> None:
     drop = HOP_BY_HOP
     connection = upstream.headers.get("Connection")
     if connection:
@@ -450,9 +420,7 @@ def _copy_response_headers(upstream: aiohttp.ClientResponse, response: web.Strea
             response.headers.add(name, value)
 
 
-def _whole_response(
-    ctx: RequestContext, upstream: aiohttp.ClientResponse, body: bytes
-) -> web.Response:
+def _whole_response(ctx: RequestContext, upstream: Response, body: bytes) -> web.Response:
     """A response sent in one write, with the upstream's headers and the sidecar's."""
     response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
     _copy_response_headers(upstream, response)

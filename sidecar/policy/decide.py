@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.context import Identity
 from sidecar.errors import StatusError, forbidden, forbidden_message, not_found
 from sidecar.isolation import QUOTA_GROUP, outside_caller_tenant, refusal
-from sidecar.policy.decision import OwnerConstraints, Verdict
+from sidecar.policy.decision import NO_OWNER_CONSTRAINTS, OwnerConstraints, Verdict
 from sidecar.policy.engine import DecisionCache, Grant, Match, PolicyEngine
 from sidecar.policy.owner import PatchKind, enforce_owner, owner_value
 from sidecar.policy.scopes import TENANT_OBJECTS
@@ -245,6 +245,8 @@ def _owner_constraints(
                 else engine.cluster_wide(identity, target)
             )
     body_fields = () if foreign else tuple(fields)
+    if not (list_field or body_fields or foreign) and verdict.owner == NO_OWNER_CONSTRAINTS:
+        return verdict  # the common case, on every request: nothing to add
     owner = OwnerConstraints(list_field, body_fields, foreign)
     if not body_fields:
         return dataclasses.replace(verdict, owner=owner)

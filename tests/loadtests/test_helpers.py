@@ -3,16 +3,20 @@ and the open-loop generator's schedule (against an in-process aiohttp server).""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from loadtests.bench import parse_wrk, summarise_collapsed
-from loadtests.loadgen import Stream, open_loop
+from loadtests.bench import Result, parse_wrk, summarise_collapsed
+from loadtests.bench import targets as bench_targets
+from loadtests.loadgen import Stream, open_loop, open_loop_in_processes
 from loadtests.report import percentile, write_records
 from loadtests.scenarios import _quota_row
+from tests.rigs.raw_http import RawUpstream
 
 WRK_OUTPUT = """Running 1s test @ http://127.0.0.1:18999/nonexistent
   1 threads and 2 connections
@@ -130,3 +134,81 @@ async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> No
     lines = (tmp_path / "r.csv").read_text().splitlines()
     assert lines[0].startswith("t,stream,phase,status,reason")
     assert len(lines) == 31
+
+
+def test_open_loop_in_processes_runs_each_group_on_one_schedule() -> None:
+    with contextlib.ExitStack() as stack:
+        raw = RawUpstream().start()
+        stack.callback(raw.stop)
+        url = raw.url + "/"
+        records = open_loop_in_processes(
+            [
+                [Stream("a", 40, lambda _i: ("GET", url, {}, None), duration=0.5)],
+                [Stream("b", 20, lambda _i: ("GET", url, {}, None), start=0.25, duration=0.5)],
+            ],
+            lead=0.2,
+        )
+    a = [r for r in records if r.stream == "a"]
+    b = [r for r in records if r.stream == "b"]
+    assert (len(a), len(b)) == (20, 10)
+    assert {r.status for r in records} == {200}
+    # One schedule: b's first request is sent about 0.25 s after a's, from another process.
+    assert 0.15 < min(r.t for r in b) - min(r.t for r in a) < 0.5
+    assert [r.t for r in records] == sorted(r.t for r in records)
+
+
+def _result(config: str, workload: str, rps: float, p50: float = 1.0, rnd: int = 0) -> Result:
+    return Result(config, workload, rps, p50, 2 * p50, 100, 0, "wrk", 100.0, rnd)
+
+
+def _bench_results(
+    c_ratio: float, d_ratio: float, added_ms: float, rounds: int = 1
+) -> list[Result]:
+    out: list[Result] = []
+    for rnd in range(rounds):
+        out += [
+            _result("b passthrough", "get", 1000, rnd=rnd),
+            _result("c sidecar w1", "get", 1000 * c_ratio, rnd=rnd),
+            _result("b passthrough", "create", 500, rnd=rnd),
+            _result("d sidecar w1", "create", 500 * d_ratio, rnd=rnd),
+            _result("b passthrough", "get-c1", 100, p50=0.4, rnd=rnd),
+            _result("c sidecar w1", "get-c1", 100, p50=0.4 + added_ms, rnd=rnd),
+        ]
+    return out
+
+
+def test_bench_targets_met_and_missed() -> None:
+    met = {t.name: t.met for t in bench_targets(_bench_results(0.9, 0.6, 0.3), {}, [1])}
+    assert all(met.values()), met
+    missed = {t.name: t.met for t in bench_targets(_bench_results(0.8, 0.4, 0.6), {}, [1])}
+    assert missed == {
+        "cached reads >= 0.85 of the pass-through, 1 worker(s)": False,
+        "creates with quota >= 0.5 of the pass-through's, 1 worker(s)": False,
+        "p50 added unloaded <= 0.5 ms": False,
+        "no errors from the sidecar under load": True,
+    }
+
+
+def test_bench_targets_take_the_median_of_the_rounds() -> None:
+    results = _bench_results(0.5, 0.6, 0.1, rounds=1)
+    results += [replace(r, round=r.round + 1) for r in _bench_results(0.9, 0.6, 0.1, rounds=2)]
+    ratio = next(t for t in bench_targets(results, {}, [1]) if t.name.startswith("cached"))
+    assert (ratio.measured, ratio.met) == ("0.90", True)
+
+
+def test_bench_targets_read_the_policy_figures() -> None:
+    policy = {
+        "decisions": [
+            {"size": "10k", "load_s": 9.0, "hit_p99": 1.0, "miss_p99": 1.0},
+            {"size": "100k", "load_s": 3.4, "hit_p99": 5.0, "miss_p99": 300.0},
+        ],
+        "reload": [{"lines": 100001, "during_max_ms": 4.0, "after_max_ms": 12.5}],
+    }
+    met = {t.name: t.met for t in bench_targets([], policy, [])}
+    assert met == {
+        "no errors from the sidecar under load": True,
+        "policy load + compile of 100k lines <= 3 s": False,
+        "decision p99 on a cache hit <= 20 us": True,
+        "decision p99 on a miss <= 250 us": False,
+        "a reload of 100,001 lines pauses the loop <= 10 ms": False,
+    }

@@ -89,6 +89,7 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         ("metricsListen: 9090\n", {}, "'metricsListen' must be HOST:PORT"),
         ("metricsListen: 'host:0'\n", {}, "'metricsListen' must be HOST:PORT"),
         ("identity: {jwt: {requireExp: sometimes}}\n", {}, "'identity.jwt.requireExp'"),
+        ("eventLoop: trio\n", {}, "'eventLoop'"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -132,3 +133,15 @@ def test_serve_config_errors_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_event_loop_choice() -> None:
+    import asyncio
+
+    import uvloop
+
+    from sidecar.cli import _loop_runner
+
+    assert _loop_runner("auto") is uvloop.run  # uvloop is a dependency where it exists
+    assert _loop_runner("uvloop") is uvloop.run
+    assert _loop_runner("asyncio") is asyncio.run
