@@ -11,8 +11,10 @@ as a whole (namespace "") and for each namespace:
 - claims: a reservation may hold a claim (an `Idempotency-Key` of a create, or the
   object an update changes), at most one live reservation per claim and tenant.
 
-Every operation is one atomic step in the backend (one SQLite `BEGIN IMMEDIATE`
-transaction, one Redis Lua script), and `reserve` does every check (tenant and
+Every operation is one atomic step in the backend (in SQLite a savepoint of a
+`BEGIN IMMEDIATE` transaction that may carry other operations queued with it, see
+sqlite.py; one Redis Lua script), is answered only once that step is durable as
+docs/quotas.md ("Durability") describes, and `reserve` does every check (tenant and
 namespace scope) before its first write.
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import itertools
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -134,8 +138,25 @@ class ReconcileResult:
     after: dict[str, int]
 
 
+# Reservation ids: a random per-process prefix and a counter, 32 hex characters, unique
+# across the processes sharing a ledger (uuid4 per create costs a getrandom() call, and
+# random ids land all over the ledger's index where a counter appends).
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_id_counter = itertools.count(1)
+
+
+def _new_prefix_in_child() -> None:
+    # `--workers N` forks: each worker its own prefix.
+    global _ID_PREFIX, _id_counter
+    _ID_PREFIX = uuid.uuid4().hex[:16]
+    _id_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_prefix_in_child)
+
+
 def new_reservation_id() -> str:
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 def idempotency_claim(caller_tenant: str, key: str, method: str, path: str, body: bytes) -> Claim:

@@ -6,7 +6,8 @@ carry the hash tag `{tenant}`, so one script only ever touches one cluster slot:
 
   {prefix}{T}:used     hash  "scope|resource" → amount   (scope "" = whole tenant)
   {prefix}{T}:inprog   hash  "scope|resource" → amount   (pending reservations)
-  {prefix}{T}:res      hash  reservation id → {ns, charge, state}
+  {prefix}{T}:res      hash  reservation id → {ns, charge, state, claim, fp}: pending
+                             ones, and committed ones holding a claim (until they expire)
   {prefix}{T}:resexp   zset  reservation id by expiry time
   {prefix}{T}:objs     hash  "ns|resource|name" → {ns, charge, at}
   {prefix}{T}:limits   hash  "scope|resource" → API-set hard limit
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -202,8 +204,14 @@ if raw then
   local r = cjson.decode(raw)
   if r.state == 'pending' then
     apply(KEYS[2], r.ns, r.charge, -1)
-    r.state = 'committed'
-    redis.call('HSET', KEYS[3], id, cjson.encode(r))
+    if type(r.claim) == 'string' and r.claim ~= '' then
+      -- kept (committed) until it expires: the claim is remembered
+      r.state = 'committed'
+      redis.call('HSET', KEYS[3], id, cjson.encode(r))
+    else
+      redis.call('HDEL', KEYS[3], id)
+      redis.call('ZREM', KEYS[4], id)
+    end
   end
 end
 if redis.call('HEXISTS', KEYS[5], objkey) == 1 then return 0 end
@@ -337,6 +345,12 @@ return {added, removed, changed, before, redis.call('HGETALL', KEYS[1])}
 )
 
 
+# A reserve re-adds its tenant to the `tenants` set at most this often (seconds), and
+# remembers at most this many tenants (then starts again).
+INDEX_REFRESH = 60.0
+INDEX_CACHE_SIZE = 10000
+
+
 class RedisLedger(Ledger):
     def __init__(
         self,
@@ -363,6 +377,8 @@ class RedisLedger(Ledger):
         self._usage = c.register_script(_USAGE)
         self._set_limit = c.register_script(_SET_LIMIT)
         self._reconcile = c.register_script(_RECONCILE)
+        # Tenants this process added to the `tenants` set, and when (time.monotonic()).
+        self._indexed: dict[str, float] = {}
 
     def keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}{{{tenant}}}:"
@@ -377,11 +393,23 @@ class RedisLedger(Ledger):
         except (RedisError, OSError) as exc:
             raise _error(exc) from exc
 
-    async def _index(self, tenant: str) -> None:
+    async def _index(self, tenant: str, always: bool = True) -> None:
+        """Add the tenant to the `tenants` set. A reserve skips the call (a round trip
+        on every create) when this process added the tenant less than INDEX_REFRESH
+        seconds ago: members are never removed, and the refresh puts one back should the
+        keys be deleted by hand."""
+        now = time.monotonic()
+        if not always:
+            added = self._indexed.get(tenant)
+            if added is not None and now - added < INDEX_REFRESH:
+                return
         try:
             await self.client.sadd(f"{self.prefix}tenants", tenant)
         except (RedisError, OSError) as exc:
             raise _error(exc) from exc
+        if len(self._indexed) >= INDEX_CACHE_SIZE:
+            self._indexed.clear()
+        self._indexed[tenant] = now
 
     async def ping(self) -> None:
         try:
@@ -404,7 +432,7 @@ class RedisLedger(Ledger):
     ) -> Reservation:
         now = self.clock()
         charge = {k: int(v) for k, v in charge.items() if v > 0}
-        await self._index(tenant)
+        await self._index(tenant, always=False)
         status, payload = await self._call(
             self._reserve,
             tenant,

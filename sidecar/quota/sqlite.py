@@ -1,15 +1,30 @@
 """The embedded SQLite quota ledger (the default, `ledger: sqlite:///path`).
 
-Safe for several sidecar processes on one host sharing the file: every operation is
-one `BEGIN IMMEDIATE` transaction (the write lock is taken before the first read, so
-two processes can never both pass the same check), the journal is WAL, and a busy
-timeout makes a process wait for another's transaction instead of failing. Within a
-process, all operations run one at a time on a single worker thread.
+Safe for several sidecar processes on one host sharing the file: operations run in
+`BEGIN IMMEDIATE` transactions (the write lock is taken before the first read, so two
+processes can never both pass the same check), the journal is WAL with
+`synchronous=NORMAL` (see docs/quotas.md, "Durability"), and a busy timeout makes a
+process wait for another's transaction instead of failing.
+
+Group commit: within a process all operations run on one ledger thread. Operations
+queue up while it works; it takes every operation queued at that moment (up to
+`MAX_BATCH`) and runs them one after another inside ONE transaction, each in a
+savepoint of its own, so that an operation that fails is rolled back alone and the
+others commit. Each still sees the writes of those before it, so the batch is exactly
+as if they had run one at a time; the file checks, the `flock`, `BEGIN`/`COMMIT` and
+the hand-back to the event loop are paid once per batch instead of once per operation.
+No operation's result is handed back before its batch has committed.
 
 Between processes, writers also queue on an `flock` of `<db>.lock`: SQLite's own busy
 handler sleeps and retries (up to 100 ms at a time), which under contention from
 several processes starved some creates for seconds; the kernel hands an `flock` over
 as soon as it is released.
+
+Tables: `reservations` (one row per pending reservation, and per committed one that
+holds a claim, until it expires), `inprog` (the sum of the pending reservations'
+charges per tenant, scope and resource, kept in step with the rows by every operation
+that adds, changes or drops a pending row; reconcile recomputes it from the rows),
+`used`, `objects`, `tombstones` and `limits` (see ledger.py).
 
 Faults (DESIGN §7, §9): before every transaction the file at the path is checked. If
 it was deleted, the ledger fails closed (LedgerError "ledger file missing"; it does
@@ -30,11 +45,12 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from sidecar.quota.ledger import (
@@ -57,8 +73,15 @@ from sidecar.quota.meters import Charge
 T = TypeVar("T")
 log = logging.getLogger("sidecar.quota.sqlite")
 
+# At most this many operations share one transaction (bounds how long one batch holds
+# the write lock that other processes wait for).
+MAX_BATCH = 128
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS used (
+  tenant TEXT NOT NULL, scope TEXT NOT NULL, resource TEXT NOT NULL, amount INTEGER NOT NULL,
+  PRIMARY KEY (tenant, scope, resource));
+CREATE TABLE IF NOT EXISTS inprog (
   tenant TEXT NOT NULL, scope TEXT NOT NULL, resource TEXT NOT NULL, amount INTEGER NOT NULL,
   PRIMARY KEY (tenant, scope, resource));
 CREATE TABLE IF NOT EXISTS reservations (
@@ -81,7 +104,42 @@ _MIGRATIONS = (
     "ALTER TABLE reservations ADD COLUMN claim TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE reservations ADD COLUMN fp TEXT NOT NULL DEFAULT ''",
 )
-_CLAIM_INDEX = "CREATE INDEX IF NOT EXISTS reservations_claim ON reservations (tenant, claim)"
+# Only reservations that hold a claim are indexed by it (most hold none: every index
+# entry is a write on each reserve and each commit).
+_CLAIM_INDEX = (
+    "CREATE INDEX IF NOT EXISTS reservations_claimed ON reservations (tenant, claim) "
+    "WHERE claim != ''"
+)
+# `PRAGMA user_version` of a file whose `inprog` counters are kept in step with its
+# pending reservations and whose claim index is partial. A file from an earlier version
+# is brought there once, on open (_upgrade).
+_SCHEMA_VERSION = 2
+
+_BUMP = (
+    "INSERT INTO {table} (tenant, scope, resource, amount) VALUES (?,?,?,MAX(?,0)) "
+    "ON CONFLICT (tenant, scope, resource) DO UPDATE SET amount = MAX(amount + ?, 0)"
+)
+_BUMP_USED = _BUMP.format(table="used")
+_BUMP_INPROG = _BUMP.format(table="inprog")
+# Everything a quota check reads, in one statement: API limits, used, in progress, for
+# the tenant scope and (when given) one namespace.
+_CHECK_STATE = (
+    "SELECT 0, scope, resource, hard FROM limits WHERE tenant=?1 AND scope IN ('', ?2) "
+    "UNION ALL SELECT 1, scope, resource, amount FROM used WHERE tenant=?1 AND scope IN ('', ?2) "
+    "UNION ALL SELECT 2, scope, resource, amount FROM inprog WHERE tenant=?1 AND scope IN ('', ?2)"
+)
+
+
+@dataclasses.dataclass(slots=True)
+class _Op:
+    """One queued operation: `fn` runs on the ledger thread inside a transaction, its
+    outcome goes to `future` (on `loop`) once the transaction has committed."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+    ok: bool = False
+    value: Any = None
 
 
 class SqliteLedger(Ledger):
@@ -95,11 +153,18 @@ class SqliteLedger(Ledger):
         super().__init__(ttl_seconds, clock)
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         # (st_dev, st_ino) of the file this process opened; None until the first open.
         self._file_id: tuple[int, int] | None = None
+        # Operations waiting for the ledger thread (None: close), which starts on first use.
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        # Batches attempted and the operations they carried (for tests and benchmarks).
+        self.batches = 0
+        self.operations = 0
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -150,6 +215,7 @@ class SqliteLedger(Ledger):
                 timeout=self.busy_timeout_ms / 1000,
                 isolation_level=None,
                 check_same_thread=False,
+                cached_statements=256,
             )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
@@ -162,6 +228,8 @@ class SqliteLedger(Ledger):
                     with contextlib.suppress(sqlite3.OperationalError):  # another process won
                         conn.execute(statement)
             conn.execute(_CLAIM_INDEX)
+            if conn.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+                _upgrade(conn)
         except BaseException:
             conn.close()
             raise
@@ -192,56 +260,158 @@ class SqliteLedger(Ledger):
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def tx() -> T:
+        """Queue `fn` for the ledger thread; its result once its transaction committed.
+        SQLite and OS errors come back as LedgerError."""
+        if self._closed:
+            raise LedgerError("ledger closed", f"sqlite ledger {self.path}: used after close()")
+        loop = asyncio.get_running_loop()
+        op = _Op(fn, loop.create_future(), loop)
+        if self._thread is None:
+            self._start()
+        self._queue.put(op)
+        return cast(T, await op.future)
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._serve, name="quota-sqlite", daemon=True)
+                thread.start()
+                self._thread = thread
+
+    def _serve(self) -> None:
+        """The ledger thread: wait for an operation, take it with every other one queued
+        by then (up to MAX_BATCH), run them in one transaction, hand the outcomes back;
+        until close() queues None."""
+        q = self._queue
+        closing = False
+        while not closing:
+            first = q.get()
+            batch: list[_Op] = []
+            if first is None:
+                closing = True
+            else:
+                batch.append(first)
+            while not closing and len(batch) < MAX_BATCH:
+                try:
+                    op = q.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    closing = True
+                else:
+                    batch.append(op)
+            if batch:
+                try:
+                    self._run_batch(batch)
+                except BaseException as exc:  # a bug here must not strand the callers
+                    log.exception("sqlite ledger: a batch failed unexpectedly")
+                    for op in batch:
+                        op.ok, op.value = False, exc
+                self._hand_back(batch)
+        self._drop()
+        # Anything queued after close() began (it refuses new work, so only a race with
+        # another thread's event loop) is answered rather than left waiting.
+        late: list[_Op] = []
+        while True:
+            try:
+                op = q.get_nowait()
+            except queue.Empty:
+                break
+            if op is not None:
+                op.ok, op.value = False, LedgerError("ledger closed", "sqlite ledger: closed")
+                late.append(op)
+        self._hand_back(late)
+
+    def _run_batch(self, batch: list[_Op]) -> None:
+        """Run the batch's operations in one transaction, each in a savepoint (a lone
+        operation needs none). Sets each op's outcome; on a failure of the transaction
+        itself (connect, lock, BEGIN, COMMIT, a rollback that cannot be done) every
+        operation fails with it, since none of their writes were kept."""
+        ops = [op for op in batch if not op.future.cancelled()]  # as a thread pool does
+        for op in batch:
+            op.ok, op.value = False, None
+        if not ops:
+            return
+        try:
             conn = self._connect()
             with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    result = fn(conn)
+                    if len(ops) == 1:
+                        ops[0].value, ops[0].ok = ops[0].fn(conn), True
+                    else:
+                        for op in ops:
+                            _run_in_savepoint(conn, op)
+                    conn.execute("COMMIT")
                 except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
+                    if conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
-                return result
+        except BaseException as exc:
+            for op in ops:
+                op.ok, op.value = False, self._error(exc)
+            return
+        finally:
+            self.batches += 1
+            self.operations += len(ops)
+        for op in ops:
+            if not op.ok:
+                op.value = self._error(op.value)
 
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, tx)
-        except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(_reason(exc), f"sqlite ledger {self.path}: {exc}") from exc
+    def _error(self, exc: BaseException) -> BaseException:
+        """What an operation's caller gets for `exc`: SQLite and OS errors become a
+        LedgerError, each caller its own instance."""
+        if isinstance(exc, LedgerError):
+            return LedgerError(exc.reason, exc.detail)
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            error = LedgerError(_reason(exc), f"sqlite ledger {self.path}: {exc}")
+            error.__cause__ = exc
+            return error
+        return exc
+
+    @staticmethod
+    def _hand_back(batch: list[_Op]) -> None:
+        """Resolve the batch's futures: one call into each event loop per batch."""
+        loops: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+        for op in batch:
+            loops.setdefault(op.loop, []).append(op)
+        for loop, ops in loops.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, ops)
 
     async def ping(self) -> None:
         await self._run(lambda c: c.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
-        self._executor.shutdown(wait=False)
+        """Run what is queued, then close the file (the ledger cannot be used after)."""
+        if self._closed:
+            return
+        self._closed = True
+        thread = self._thread
+        if thread is None:
+            self._drop()
+            return
+        self._queue.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
     # -- helpers (run inside a transaction) ------------------------------------------
 
     def _purge(self, c: sqlite3.Connection, tenant: str, now: float) -> None:
+        """Drop the tenant's expired reservations (pending ones leave `inprog`)."""
+        rows = c.execute(
+            "SELECT namespace, charge, state FROM reservations WHERE tenant=? AND expires<=?",
+            (tenant, now),
+        ).fetchall()
+        if not rows:
+            return
+        for ns, raw, state in rows:
+            if state == "pending":
+                _bump(c, _BUMP_INPROG, tenant, ns, json.loads(raw), -1)
         c.execute("DELETE FROM reservations WHERE tenant=? AND expires<=?", (tenant, now))
 
-    def _in_progress(self, c: sqlite3.Connection, tenant: str) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for ns, raw in c.execute(
-            "SELECT namespace, charge FROM reservations WHERE tenant=? AND state='pending'",
-            (tenant,),
-        ):
-            for res, n in json.loads(raw).items():
-                _add(out, TENANT_SCOPE, res, n)
-                if ns:
-                    _add(out, ns, res, n)
-        return out
-
     def _used(self, c: sqlite3.Connection, tenant: str) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for scope, res, amount in c.execute(
-            "SELECT scope, resource, amount FROM used WHERE tenant=?", (tenant,)
-        ):
-            out.setdefault(scope, {})[res] = amount
-        return out
+        return _counters(c, "used", tenant)
 
     def _api_limits(self, c: sqlite3.Connection, tenant: str) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -254,15 +424,7 @@ class SqliteLedger(Ledger):
     def _apply_used(
         self, c: sqlite3.Connection, tenant: str, ns: str, charge: Mapping[str, int], sign: int
     ) -> None:
-        scopes = [TENANT_SCOPE, ns] if ns else [TENANT_SCOPE]
-        for scope in scopes:
-            for res, n in charge.items():
-                c.execute(
-                    "INSERT INTO used (tenant, scope, resource, amount) VALUES (?,?,?,MAX(?,0)) "
-                    "ON CONFLICT (tenant, scope, resource) DO UPDATE SET "
-                    "amount = MAX(amount + ?, 0)",
-                    (tenant, scope, res, sign * n, sign * n),
-                )
+        _bump(c, _BUMP_USED, tenant, ns, charge, sign)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -275,9 +437,14 @@ class SqliteLedger(Ledger):
         tenant_limits: Mapping[str, int],
         namespace_limits: Mapping[str, int],
     ) -> QuotaExceeded | None:
-        api = self._api_limits(c, tenant)
-        used = self._used(c, tenant)
-        inprog = self._in_progress(c, tenant)
+        if not charge:
+            return None
+        api: dict[str, dict[str, int]] = {}
+        used: dict[str, dict[str, int]] = {}
+        inprog: dict[str, dict[str, int]] = {}
+        tables = (api, used, inprog)
+        for table, scope, res, n in c.execute(_CHECK_STATE, (tenant, namespace)):
+            tables[table].setdefault(scope, {})[res] = n
         checks = [("tenant", TENANT_SCOPE, {**tenant_limits, **api.get(TENANT_SCOPE, {})})]
         if namespace:
             checks.append(("namespace", namespace, {**namespace_limits, **api.get(namespace, {})}))
@@ -311,7 +478,8 @@ class SqliteLedger(Ledger):
             previous = None
             if claim is not None:
                 row = c.execute(
-                    "SELECT id, fp, state FROM reservations WHERE tenant=? AND claim=?",
+                    "SELECT id, fp, state FROM reservations WHERE tenant=? AND claim=? "
+                    "AND claim != ''",
                     (tenant, claim.key),
                 ).fetchone()
                 if row is not None:
@@ -323,7 +491,7 @@ class SqliteLedger(Ledger):
             refusal = self._check(c, tenant, namespace, charge, tenant_limits, namespace_limits)
             if refusal is not None:
                 return refusal
-            if previous is not None:
+            if previous is not None:  # committed: not in `inprog`
                 c.execute("DELETE FROM reservations WHERE tenant=? AND id=?", (tenant, previous))
             c.execute(
                 "INSERT INTO reservations (id, tenant, namespace, charge, state, expires, claim, "
@@ -338,6 +506,7 @@ class SqliteLedger(Ledger):
                     claim.fingerprint if claim else "",
                 ),
             )
+            _bump(c, _BUMP_INPROG, tenant, namespace, charge, 1)
             return Reservation(reservation_id, tenant, namespace, dict(charge), now)
 
         result = await self._run(fn)
@@ -360,13 +529,15 @@ class SqliteLedger(Ledger):
         def fn(c: sqlite3.Connection) -> Reservation | Exception:
             self._purge(c, r.tenant, now)
             row = c.execute(
-                "SELECT state FROM reservations WHERE tenant=? AND id=?", (r.tenant, r.id)
+                "SELECT state, namespace, charge FROM reservations WHERE tenant=? AND id=?",
+                (r.tenant, r.id),
             ).fetchone()
             if row is None or row[0] != "pending":
                 return LedgerError("reservation expired")
             c.execute(
                 "UPDATE reservations SET charge='{}' WHERE tenant=? AND id=?", (r.tenant, r.id)
             )
+            _bump(c, _BUMP_INPROG, r.tenant, row[1], json.loads(row[2]), -1)
             recorded = c.execute(
                 "SELECT charge FROM objects WHERE tenant=? AND namespace=? AND resource=? "
                 "AND name=?",
@@ -383,6 +554,7 @@ class SqliteLedger(Ledger):
                 "UPDATE reservations SET charge=? WHERE tenant=? AND id=?",
                 (json.dumps(increase), r.tenant, r.id),
             )
+            _bump(c, _BUMP_INPROG, r.tenant, row[1], increase, 1)
             return dataclasses.replace(r, charge=increase)
 
         result = await self._run(fn)
@@ -400,7 +572,7 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> None:
             self._purge(c, r.tenant, now)
-            c.execute("DELETE FROM reservations WHERE tenant=? AND id=?", (r.tenant, r.id))
+            _drop_reservation(c, r.tenant, r.id, pending_only=False)
             tomb = c.execute(
                 "SELECT at FROM tombstones WHERE tenant=? AND namespace=? "
                 "AND resource=? AND name=?",
@@ -430,25 +602,32 @@ class SqliteLedger(Ledger):
     async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
         now = self.clock()
         r = reservation
+        charge = json.dumps(r.charge)
 
         def fn(c: sqlite3.Connection) -> bool:
-            self._purge(c, r.tenant, now)
-            c.execute(
-                "UPDATE reservations SET state='committed' WHERE tenant=? AND id=? "
-                "AND state='pending'",
+            # A pending reservation leaves `inprog`; one without a claim has no further
+            # use and goes, one with a claim stays (committed) until it expires, so the
+            # claim is remembered (ledger.py).
+            row = c.execute(
+                "DELETE FROM reservations WHERE tenant=? AND id=? AND state='pending' "
+                "AND claim='' RETURNING namespace, charge",
                 (r.tenant, r.id),
-            )
-            exists = c.execute(
-                "SELECT 1 FROM objects WHERE tenant=? AND namespace=? AND resource=? AND name=?",
-                (r.tenant, r.namespace, resource, name),
             ).fetchone()
-            if exists:
-                return False
-            c.execute(
-                "INSERT INTO objects (tenant, namespace, resource, name, charge, at) "
+            if row is None:
+                row = c.execute(
+                    "UPDATE reservations SET state='committed' WHERE tenant=? AND id=? "
+                    "AND state='pending' RETURNING namespace, charge",
+                    (r.tenant, r.id),
+                ).fetchone()
+            if row is not None:
+                _bump(c, _BUMP_INPROG, r.tenant, row[0], json.loads(row[1]), -1)
+            created = c.execute(
+                "INSERT OR IGNORE INTO objects (tenant, namespace, resource, name, charge, at) "
                 "VALUES (?,?,?,?,?,?)",
-                (r.tenant, r.namespace, resource, name, json.dumps(r.charge), now),
-            )
+                (r.tenant, r.namespace, resource, name, charge, now),
+            ).rowcount
+            if not created:
+                return False
             c.execute(
                 "DELETE FROM tombstones WHERE tenant=? AND namespace=? AND resource=? AND name=?",
                 (r.tenant, r.namespace, resource, name),
@@ -460,12 +639,7 @@ class SqliteLedger(Ledger):
 
     async def release(self, reservation: Reservation) -> None:
         r = reservation
-        await self._run(
-            lambda c: c.execute(
-                "DELETE FROM reservations WHERE tenant=? AND id=? AND state='pending'",
-                (r.tenant, r.id),
-            )
-        )
+        await self._run(lambda c: _drop_reservation(c, r.tenant, r.id, pending_only=True))
 
     async def delete(self, obj: ObjectRef) -> Charge | None:
         now = self.clock()
@@ -497,6 +671,7 @@ class SqliteLedger(Ledger):
         now = self.clock()
 
         def fn(c: sqlite3.Connection) -> int:
+            # Reservations in flight (and their `inprog`) are left to commit or expire.
             if namespace is None:
                 rows = c.execute(
                     "SELECT namespace, resource, name FROM objects WHERE tenant=?", (tenant,)
@@ -528,9 +703,12 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> Usage:
             self._purge(c, tenant, now)
-            return Usage(
-                self._used(c, tenant), self._in_progress(c, tenant), self._api_limits(c, tenant)
-            )
+            inprog = {
+                scope: nonzero
+                for scope, amounts in _counters(c, "inprog", tenant).items()
+                if (nonzero := {res: n for res, n in amounts.items() if n})
+            }
+            return Usage(self._used(c, tenant), inprog, self._api_limits(c, tenant))
 
         return await self._run(fn)
 
@@ -624,10 +802,119 @@ class SqliteLedger(Ledger):
                 "SELECT namespace, charge FROM objects WHERE tenant=?", (tenant,)
             ).fetchall():
                 self._apply_used(c, tenant, ns, json.loads(raw), 1)
+            # The reservations stay as they are; their counters are recounted from them
+            # (they can only have drifted if a process of an older version shared the
+            # file).
+            _recount_in_progress(c, tenant)
             after = self._used(c, tenant).get(TENANT_SCOPE, {})
             return ReconcileResult(added, removed, changed, before, after)
 
         return await self._run(fn)
+
+
+def _run_in_savepoint(conn: sqlite3.Connection, op: _Op) -> None:
+    """Run one operation of a batch; if it raises, undo its writes only. When SQLite
+    has already rolled back the whole transaction (some I/O errors do), the error is
+    the batch's: re-raised."""
+    conn.execute("SAVEPOINT op")
+    try:
+        op.value = op.fn(conn)
+    except Exception as exc:
+        if not conn.in_transaction:
+            raise
+        conn.execute("ROLLBACK TO op")
+        conn.execute("RELEASE op")
+        op.value = exc
+        return
+    conn.execute("RELEASE op")
+    op.ok = True
+
+
+def _resolve(ops: list[_Op]) -> None:
+    """On the event loop: hand each operation's outcome to its caller."""
+    for op in ops:
+        if op.future.done():  # the caller was cancelled
+            continue
+        if op.ok:
+            op.future.set_result(op.value)
+        elif op.value is None:  # skipped: cancelled before it ran
+            op.future.cancel()
+        else:
+            op.future.set_exception(op.value)
+
+
+def _bump(
+    c: sqlite3.Connection,
+    statement: str,
+    tenant: str,
+    ns: str,
+    charge: Mapping[str, int],
+    sign: int,
+) -> None:
+    """Add `sign * charge` to a counter table (`used` or `inprog`), in the tenant scope
+    and, when `ns`, the namespace scope; counters never go below 0."""
+    if not charge:
+        return
+    rows = [(tenant, TENANT_SCOPE, res, sign * n, sign * n) for res, n in charge.items()]
+    if ns:
+        rows += [(tenant, ns, res, sign * n, sign * n) for res, n in charge.items()]
+    c.executemany(statement, rows)
+
+
+def _drop_reservation(c: sqlite3.Connection, tenant: str, rid: str, pending_only: bool) -> None:
+    """Delete a reservation (with `pending_only`, only a pending one); a pending one
+    leaves `inprog`."""
+    row = c.execute(
+        "DELETE FROM reservations WHERE tenant=? AND id=? "
+        + ("AND state='pending' " if pending_only else "")
+        + "RETURNING namespace, charge, state",
+        (tenant, rid),
+    ).fetchone()
+    if row is not None and row[2] == "pending":
+        _bump(c, _BUMP_INPROG, tenant, row[0], json.loads(row[1]), -1)
+
+
+def _counters(c: sqlite3.Connection, table: str, tenant: str) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for scope, res, amount in c.execute(
+        f"SELECT scope, resource, amount FROM {table} WHERE tenant=?", (tenant,)
+    ):
+        out.setdefault(scope, {})[res] = amount
+    return out
+
+
+def _recount_in_progress(c: sqlite3.Connection, tenant: str | None) -> None:
+    """Set `inprog` (of one tenant, or of all) to the sums of the pending reservations."""
+    if tenant is None:
+        c.execute("DELETE FROM inprog")
+        rows = c.execute(
+            "SELECT tenant, namespace, charge FROM reservations WHERE state='pending'"
+        ).fetchall()
+    else:
+        c.execute("DELETE FROM inprog WHERE tenant=?", (tenant,))
+        rows = c.execute(
+            "SELECT tenant, namespace, charge FROM reservations WHERE tenant=? AND state='pending'",
+            (tenant,),
+        ).fetchall()
+    for t, ns, raw in rows:
+        _bump(c, _BUMP_INPROG, t, ns, json.loads(raw), 1)
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """A file from an earlier version (or a new one): fill `inprog` from the pending
+    reservations, drop the full claim index (the partial one replaces it) and mark the
+    file; once, whichever process gets there first."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+            _recount_in_progress(conn, None)
+            conn.execute("DROP INDEX IF EXISTS reservations_claim")
+            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _reason(exc: BaseException) -> str:
@@ -640,8 +927,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
         return "ledger file is corrupt"
     return "ledger error"
-
-
-def _add(out: dict[str, dict[str, int]], scope: str, res: str, n: Any) -> None:
-    inner = out.setdefault(scope, {})
-    inner[res] = inner.get(res, 0) + int(n)

@@ -102,8 +102,10 @@ async def test_race_200_creates_3_sidecars_limit_50(
     url, prefix = ledger_setting(kind, tmp_path, request)
     extra = {"quota": {"redisPrefix": prefix}} if prefix else {}
     config = base_config(tmp_path, store.url, 50, url, **extra)
-    sidecars = [processes.start_sidecar(tmp_path, config, name=f"sc{i}") for i in range(3)]
-    try:
+    sidecars: list[processes.Proc] = []
+    try:  # started one by one: if one fails to start, those already running are stopped
+        for i in range(3):
+            sidecars.append(processes.start_sidecar(tmp_path, config, name=f"sc{i}"))
         await make_tenant(http, sidecars[0].url)
 
         async def one(i: int) -> int:
