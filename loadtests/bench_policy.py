@@ -7,7 +7,7 @@ links) across 10 / 1,000 / 10,000 tenants as YAML files, then measures:
 - miss: `decide` with a `DecisionCache` for a request not in the cache (index + matcher);
 - hit: the same call once the decision is cached.
 About 45% of the generated requests are denials. DESIGN §11 targets at 100k lines /
-10k tenants: p99 ≤ 20 µs on a hit, ≤ 250 µs on a miss, load ≤ 5 s.
+10k tenants: p99 ≤ 20 µs on a hit, ≤ 250 µs on a miss, load + compile ≤ 3 s.
 
     python loadtests/bench_policy.py [--requests N] [--only 1k]
 """

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.policy.engine import RBAC_KINDS, PolicyEngine, compile_engine
-from sidecar.policy.files import Document, LoadResult, Problem, load_documents
+from sidecar.policy.files import (
+    Document,
+    LoadResult,
+    Problem,
+    collector_paused,
+    load_documents,
+)
 from sidecar.policy.modes import MODE_KINDS, parse_tenant_modes
 from sidecar.policy.quotas import QUOTA_KINDS, QuotaPolicy, parse_quotas
 from sidecar.policy.ratelimits import RATELIMIT_KINDS, RateLimitPolicy, parse_rate_limits
@@ -39,6 +45,11 @@ class PolicyBundle:
 def build_bundle(result: LoadResult) -> tuple[PolicyBundle, list[Problem]]:
     """Compile loaded documents. Problems are returned, never raised; a bundle with
     problems must not be put in force (the caller decides)."""
+    with collector_paused():
+        return _build_bundle(result)
+
+
+def _build_bundle(result: LoadResult) -> tuple[PolicyBundle, list[Problem]]:
     problems = list(result.problems)
     docs = result.documents
     for doc in docs:

@@ -144,20 +144,25 @@ def compile_rbac(policy: RbacPolicy) -> Compiled:
     g_lines: list[GLine] = []
     link_bindings: dict[GLine, list[BindingDef]] = {}
     for binding in policy.bindings:
-        bound_roles[binding.role.key] = None
+        role_key = binding.role.key
+        domain = binding.domain
+        bound_roles[role_key] = None
         for subject in binding.subjects:
-            link = (subject.key, binding.role.key, binding.domain)
-            if link not in link_bindings:
-                link_bindings[link] = []
+            link = (subject.key, role_key, domain)
+            bindings = link_bindings.get(link)
+            if bindings is None:
+                link_bindings[link] = [binding]
                 g_lines.append(link)
-            link_bindings[link].append(binding)
+            else:
+                bindings.append(binding)
     for role in policy.roles.values():
+        role_key = role.key
         for rule in role.rules:
             verbs = ",".join(rule.verbs)
             if rule.non_resource_urls:
                 p_lines.append(
                     (
-                        role.key,
+                        role_key,
                         "url",
                         "",
                         ",".join(rule.non_resource_urls),
@@ -171,7 +176,7 @@ def compile_rbac(policy: RbacPolicy) -> Compiled:
                 cond = OWNER_PREFIX + rule.owner_field if rule.owner else ""
                 p_lines.append(
                     (
-                        role.key,
+                        role_key,
                         "res",
                         ",".join(rule.api_groups),
                         ",".join(rule.resources),

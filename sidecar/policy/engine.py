@@ -36,7 +36,7 @@ from sidecar.policy.compile import (
     split_set,
     tenant_ok,
 )
-from sidecar.policy.files import Document, Problem
+from sidecar.policy.files import Document, Problem, collector_paused
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, RbacPolicy, group_key, parse_rbac, user_key
 from sidecar.policy.scopes import DEFAULT_OWNER_FIELDS, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label
@@ -115,17 +115,24 @@ class PolicyEngine:
         self._roles: dict[str, _Role] = {}
         for role_def in self.policy.roles.values():
             self._roles[role_def.key] = _Role(role_def.label)
+        roles = self._roles
         for line in self.compiled.p_lines:
-            entry = self._roles[line[0]]
+            entry = roles[line[0]]
             if line[1] == "url":
                 entry.urls.append(line)
                 continue
-            resources = split_set(line[3])
-            if any("*" in r for r in resources):
+            by_resource = entry.by_resource
+            if "*" in line[3]:  # some resource is "*" or "*/sub"
                 entry.wildcard.append(line)
+                resources = [r for r in split_set(line[3]) if "*" not in r]
+            else:
+                resources = line[3].split(",")
             for r in resources:
-                if "*" not in r:
-                    entry.by_resource.setdefault(r, []).append(line)
+                lines = by_resource.get(r)
+                if lines is None:
+                    by_resource[r] = [line]
+                elif lines[-1] is not line:  # a resource named twice in one rule
+                    lines.append(line)
         # (apiGroups, resources, ownerField) of every owner rule, for `owner_fields`.
         self._owner_rules: list[tuple[frozenset[str], frozenset[str], str]] = [
             (
@@ -139,9 +146,19 @@ class PolicyEngine:
         ]
         # (domain, subject) → {role: binding label}
         self._links: dict[tuple[str, str], dict[str, str]] = {}
+        links = self._links
+        labels: dict[int, str] = {}  # id(binding) → its label, computed once per binding
         for link, bindings in self.compiled.link_bindings.items():
             sub, role_key, dom = link
-            self._links.setdefault((dom, sub), {}).setdefault(role_key, bindings[0].label)
+            first = bindings[0]
+            label = labels.get(id(first))
+            if label is None:
+                label = labels[id(first)] = first.label
+            roles_of = links.get((dom, sub))
+            if roles_of is None:
+                links[(dom, sub)] = {role_key: label}
+            elif role_key not in roles_of:
+                roles_of[role_key] = label
 
     # -- public API -------------------------------------------------------------
 
@@ -310,8 +327,9 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
 
 
 def compile_engine(docs: Sequence[Document], revision: str) -> tuple[PolicyEngine, list[Problem]]:
-    policy, problems = parse_rbac(docs)
-    return PolicyEngine(revision, policy, compile_rbac(policy)), problems
+    with collector_paused():
+        policy, problems = parse_rbac(docs)
+        return PolicyEngine(revision, policy, compile_rbac(policy)), problems
 
 
 class DecisionCache:

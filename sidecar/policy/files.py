@@ -7,9 +7,12 @@ Nothing here knows what a kind means.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +36,11 @@ class Problem:
 
 
 class Node(dict[str, Any]):
-    """A YAML mapping that remembers its own line and the line of each key (1-based)."""
+    """A YAML mapping that remembers its own line and the line of each key (1-based).
+    Whoever builds one sets both (slots: a policy has hundreds of thousands)."""
 
-    line: int = 0
+    __slots__ = ("key_lines", "line")
+    line: int
     key_lines: dict[str, int]
 
     def line_of(self, key: str) -> int:
@@ -43,9 +48,11 @@ class Node(dict[str, Any]):
 
 
 class NodeList(list[Any]):
-    """A YAML sequence that remembers its own line and the line of each item."""
+    """A YAML sequence that remembers its own line and the line of each item.
+    Whoever builds one sets both."""
 
-    line: int = 0
+    __slots__ = ("item_lines", "line")
+    line: int
     item_lines: list[int]
 
     def line_of(self, index: int) -> int:
@@ -129,9 +136,12 @@ def parse_yaml_documents(text: str, file: str) -> tuple[list[Document], list[Pro
     problems: list[Problem] = []
     try:
         try:
-            values = _values_from_events(text)
-        except _Unsupported:
-            values = _values_from_nodes(text)
+            values = _values_from_lines(text)
+        except (_Unsupported, RecursionError):
+            try:
+                values = _values_from_events(text)
+            except _Unsupported:
+                values = _values_from_nodes(text)
     except RecursionError:
         return [], [Problem(file, 1, "not valid YAML: nested too deeply")]
     except yaml.MarkedYAMLError as exc:
@@ -207,6 +217,9 @@ def _typed(tag: str, value: str) -> Any:
 
 
 def _plain(value: str) -> Any:
+    implicit = _resolver.yaml_implicit_resolvers
+    if value and not implicit.get(value[0]) and not implicit.get(None):
+        return value  # no implicit type starts with this character (most names): a string
     try:
         return _plain_cache[value]
     except KeyError:
@@ -292,6 +305,395 @@ def _event_value(get: Callable[[], Any], event: Any, anchors: dict[str, Any]) ->
     return value
 
 
+# -- the line path --------------------------------------------------------------------
+# libyaml hands every event to Python as an event object with two marks: at 100k
+# policy lines that is ~1.6M events, most of the load's time. Policy files are
+# nearly always one simple shape: block mappings and sequences, one entry per line,
+# plain or quoted one-line scalars, one-line flow collections, comments. The line path
+# reads that shape straight from the text's lines, giving the same values and lines
+# as the event path. It is deliberately narrow: anything outside the shape (tabs,
+# non-ASCII, anchors, tags, block scalars, multi-line scalars or flows, escapes,
+# complex keys, empty documents, duplicate keys, odd indentation, ...) raises
+# _Unsupported and the file goes through the event path, which also reports errors.
+
+# A plain scalar the line path accepts: letters, digits and a few safe characters, a
+# ':' only inside it (followed by such a character), spaces only between such runs.
+# It can never start with an indicator, nor contain ',[]{}#', so it means the same in
+# block and flow context.
+_PLAIN_START = r"[A-Za-z0-9_./~+]"
+_PLAIN_CHAR = r"[A-Za-z0-9_./~+@$%^()=<>;-]"
+_PLAIN = rf"(?:{_PLAIN_START}|-(?={_PLAIN_START})){_PLAIN_CHAR}*(?:(?::| +){_PLAIN_CHAR}+)*"
+_SINGLE = r"'(?:[^']|'')*'"
+_DOUBLE = r'"[^"\\]*"'
+_SCALAR = rf"{_PLAIN}|{_SINGLE}|{_DOUBLE}"
+# Indentation, "- " (a sequence entry), "key:" and the rest (maybe with a comment).
+_LINE = re.compile(rf"( *)(- +)?(?:({_SCALAR}) *:(?= |$))? *(.*)")
+_SCALAR_RE = re.compile(_SCALAR)
+_PLAIN_RE = re.compile(_PLAIN)
+_SINGLE_RE = re.compile(_SINGLE)
+_DOUBLE_RE = re.compile(_DOUBLE)
+# One-line flow collections of scalars (the common case), read with one findall.
+_FLOW_SEQ = re.compile(rf"\[ *(?:(?:{_SCALAR}) *(?:, *(?:{_SCALAR}) *)*(?:, *)?)?\]")
+_FLOW_MAP = re.compile(
+    rf"\{{ *(?:(?:{_SCALAR}) *: +(?:{_SCALAR}) *(?:, *(?:{_SCALAR}) *: +(?:{_SCALAR}) *)*"
+    rf"(?:, *)?)?\}}"
+)
+_FLOW_PAIR = re.compile(rf"({_SCALAR}) *: +({_SCALAR})")
+# Anything but printable ASCII (tabs, carriage returns, control characters, any
+# non-ASCII text) goes through libyaml.
+_UNSAFE = re.compile(r"[^\x20-\x7e]")
+
+# What one distinct line holds: (indentation, width of its "- " or 0, its key or None,
+# how its value is built, the value's template). Policy files repeat most of their
+# lines (keys, verbs, resources, role references), so each distinct line is matched
+# once per file and its values are copied from the template after that.
+_Shape = tuple[int, int, "str | None", int, Any]
+_SKIP: _Shape = (-1, 0, None, 0, None)  # a blank or comment line
+_DOCUMENT_START: _Shape = (-2, 0, None, 0, None)  # "---"
+# How a value is built from its template.
+_NO_VALUE = 0  # nothing after "key:" or "- ": a nested block, or null
+_SCALAR_VALUE = 1  # the template is the value
+_FLAT_SEQUENCE = 2  # a tuple of scalars
+_FLAT_MAPPING = 3  # a dict of scalars
+_NESTED_FLOW = 4  # the line's text, parsed each time
+_NULL = _plain("")
+_MISSING = object()
+# Distinct lines (and scalars, and keys) remembered per file: a file whose lines hardly
+# repeat gains nothing from more, and they would only cost memory.
+_CACHED_PER_FILE = 1 << 16
+
+
+def _values_from_lines(text: str) -> list[tuple[Any, int]]:
+    if not text.isascii():
+        raise _Unsupported("characters outside ASCII")
+    reader = _LineReader()
+    try:
+        return reader.read(text)
+    finally:
+        reader.release()
+
+
+def _split_lines(text: str, chunk: int = 1 << 16) -> Iterator[str]:
+    """The lines of `text` (split at line feeds), split a chunk at a time: splitting a
+    7 MB policy file at once is one C call of ~20 ms, all of it with the GIL held (an
+    event loop stall while the reloader loads)."""
+    start = 0
+    while True:
+        end = text.find("\n", start + chunk)
+        if end < 0:
+            yield from text[start:].split("\n")
+            return
+        yield from text[start:end].split("\n")
+        start = end + 1
+
+
+class _LineReader:
+    """Builds the values of one file's documents from the shapes of their lines."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, _Shape] = {}
+        self.scalars: dict[str, Any] = {}
+        self.keys: dict[str, str] = {}
+        self.numbers: list[int] = []
+        self.shapes: list[_Shape] = []
+
+    def read(self, text: str) -> list[tuple[Any, int]]:
+        known = self.known
+        shape_of = self.shape
+        out: list[tuple[Any, int]] = []
+        numbers: list[int] = []
+        shapes: list[_Shape] = []
+        explicit = False  # the current document was opened by "---"
+        for number, line in enumerate(_split_lines(text), 1):
+            shape = known.get(line) or shape_of(line)
+            if shape[0] < 0:
+                if shape is _SKIP:
+                    continue
+                if shapes:
+                    out.append(self.document(numbers, shapes))
+                    numbers, shapes = [], []
+                elif explicit:
+                    raise _Unsupported("an empty document")
+                explicit = True
+                continue
+            numbers.append(number)
+            shapes.append(shape)
+        if shapes:
+            out.append(self.document(numbers, shapes))
+        elif explicit:
+            raise _Unsupported("an empty document")
+        return out
+
+    def release(self) -> None:
+        """Empty the caches an entry at a time. Dropped at once, a large file's caches
+        are one deallocation cascade, ~10 ms with the GIL held: the event loop would
+        stall that long while the reloader loads."""
+        for cache in (self.known, self.scalars, self.keys):
+            while cache:
+                cache.popitem()
+
+    # -- lines --------------------------------------------------------------------------
+
+    def shape(self, line: str) -> _Shape:
+        content = line.lstrip(" ")
+        if _UNSAFE.search(line):
+            raise _Unsupported("characters outside printable ASCII")
+        if not content or content[0] == "#":
+            shape = _SKIP
+        elif line[:3] == "---" and line.rstrip(" ") == "---":
+            shape = _DOCUMENT_START
+        elif "#" not in content:
+            shape = self.entry(line, comment=False)
+        else:
+            # A '#' inside a quoted scalar is text: when the whole rest of the line
+            # reads as a value, that is what it is; otherwise a " #" starts a comment.
+            try:
+                shape = self.entry(line, comment=False)
+            except _Unsupported:
+                shape = self.entry(line, comment=True)
+        if len(self.known) < _CACHED_PER_FILE:
+            self.known[line] = shape
+        return shape
+
+    def entry(self, line: str, comment: bool) -> _Shape:
+        m = _LINE.match(line)
+        if m is None:
+            raise _Unsupported("an unusual line")
+        indent, dash, raw_key, raw = m.groups()
+        if comment:
+            # `raw` follows "- " or ": " (spaces taken) or is the whole line's content
+            # (which is not a comment): a '#' at its start, or after a space, opens one.
+            start = 0 if raw[:1] == "#" else raw.find(" #")
+            if start >= 0:
+                raw = raw[:start]
+        raw = raw.rstrip(" ")
+        key = self.key(raw_key) if raw_key is not None else None
+        build, template = self.template(raw) if raw else (_NO_VALUE, None)
+        return (len(indent), len(dash) if dash else 0, key, build, template)
+
+    def key(self, raw: str) -> str:
+        key = self.keys.get(raw)
+        if key is None:
+            value = self.scalar(raw)
+            key = value if isinstance(value, str) else str(value)
+            if len(self.keys) < _CACHED_PER_FILE:
+                self.keys[raw] = key
+        return key
+
+    def scalar(self, raw: str) -> Any:
+        """A scalar token (already matched by _SCALAR) as its value."""
+        value = self.scalars.get(raw, _MISSING)
+        if value is _MISSING:
+            first = raw[0]
+            if first == "'":
+                value = raw[1:-1].replace("''", "'")
+            elif first == '"':
+                value = raw[1:-1]
+            else:
+                value = _plain(raw)
+            if len(self.scalars) < _CACHED_PER_FILE:
+                self.scalars[raw] = value
+        return value
+
+    def template(self, raw: str) -> tuple[int, Any]:
+        first = raw[0]
+        if first == "[":
+            if _FLOW_SEQ.fullmatch(raw):
+                return _FLAT_SEQUENCE, tuple(map(self.scalar, _SCALAR_RE.findall(raw)))
+            self.flow(raw, 0)  # raises now if the line path cannot read it
+            return _NESTED_FLOW, raw
+        if first == "{":
+            if _FLOW_MAP.fullmatch(raw):
+                pairs = _FLOW_PAIR.findall(raw)
+                mapping = {self.key(k): self.scalar(v) for k, v in pairs}
+                if len(mapping) != len(pairs):
+                    raise _Unsupported("duplicate key")
+                return _FLAT_MAPPING, mapping
+            self.flow(raw, 0)
+            return _NESTED_FLOW, raw
+        if first == "'":
+            matched = _SINGLE_RE.fullmatch(raw)
+        elif first == '"':
+            matched = _DOUBLE_RE.fullmatch(raw)
+        else:
+            matched = _PLAIN_RE.fullmatch(raw)
+        if matched is None:
+            raise _Unsupported("an unusual scalar")
+        return _SCALAR_VALUE, self.scalar(raw)
+
+    def value(self, build: int, template: Any, line: int) -> Any:
+        if build == _SCALAR_VALUE:
+            return template
+        if build == _FLAT_SEQUENCE:
+            seq = NodeList(template)
+            seq.line = line
+            seq.item_lines = [line] * len(template)
+            return seq
+        if build == _FLAT_MAPPING:
+            node = Node(template)
+            node.line = line
+            node.key_lines = dict.fromkeys(template, line)
+            return node
+        return self.flow(template, line)
+
+    # -- blocks -------------------------------------------------------------------------
+
+    def document(self, numbers: list[int], shapes: list[_Shape]) -> tuple[Any, int]:
+        first = shapes[0]
+        if first[0] or first[1] or first[2] is None:
+            raise _Unsupported("the document is not a block mapping")
+        self.numbers = numbers
+        self.shapes = shapes
+        node, end = self.mapping(0, 0)
+        if end != len(shapes):
+            raise _Unsupported("content after the document's mapping")
+        return node, numbers[0]
+
+    def block(self, i: int) -> tuple[Any, int]:
+        shape = self.shapes[i]
+        if shape[1]:
+            return self.sequence(i, shape[0])
+        if shape[2] is not None:
+            return self.mapping(i, shape[0])
+        raise _Unsupported("a multi-line scalar")
+
+    def mapping(self, i: int, col: int) -> tuple[Node, int]:
+        """The block mapping whose keys are at column `col`, from line `i` (which may be
+        a sequence entry "- key: ...": its "- " is the sequence's)."""
+        numbers = self.numbers
+        shapes = self.shapes
+        count = len(shapes)
+        shape = shapes[i]
+        node = Node()
+        node.line = numbers[i]
+        key_lines: dict[str, int] = {}
+        node.key_lines = key_lines
+        while True:
+            _, _, key, build, template = shape
+            if key is None:
+                raise _Unsupported("a scalar where a key was expected")
+            if key in node:
+                raise _Unsupported("duplicate key")
+            line = numbers[i]
+            i += 1
+            value: Any
+            if build == _SCALAR_VALUE:
+                value = template
+            elif build:
+                value = self.value(build, template, line)
+            elif i < count and shapes[i][0] > col:
+                value, i = self.block(i)
+            elif i < count and shapes[i][0] == col and shapes[i][1]:
+                value, i = self.sequence(i, col)  # an indentless sequence
+            else:
+                value = _NULL
+            node[key] = value
+            key_lines[key] = line
+            if i == count:
+                return node, i
+            shape = shapes[i]
+            if shape[0] < col:
+                return node, i
+            if shape[0] > col or shape[1]:
+                raise _Unsupported("unexpected indentation")
+
+    def sequence(self, i: int, col: int) -> tuple[NodeList, int]:
+        """The block sequence whose "- " entries are at column `col`, from line `i`."""
+        numbers = self.numbers
+        shapes = self.shapes
+        count = len(shapes)
+        shape = shapes[i]
+        out = NodeList()
+        out.line = numbers[i]
+        item_lines: list[int] = []
+        out.item_lines = item_lines
+        while True:
+            _, dash, key, build, template = shape
+            line = numbers[i]
+            value: Any
+            if key is not None:
+                value, i = self.mapping(i, col + dash)
+            elif build:
+                value = self.value(build, template, line)
+                i += 1
+            else:
+                raise _Unsupported("an empty or nested sequence entry")
+            out.append(value)
+            item_lines.append(line)
+            if i == count:
+                return out, i
+            shape = shapes[i]
+            if shape[0] > col:
+                raise _Unsupported("unexpected indentation")
+            if shape[0] < col or not shape[1]:
+                return out, i
+
+    # -- flow collections with nested collections ---------------------------------------
+
+    def flow(self, raw: str, line: int) -> Any:
+        try:
+            value, end = self.flow_item(raw, 0, line)
+        except IndexError:  # ran off the line: the collection goes on below
+            raise _Unsupported("a multi-line flow collection") from None
+        if end != len(raw):
+            raise _Unsupported("text after a flow collection")
+        return value
+
+    def flow_item(self, raw: str, pos: int, line: int) -> tuple[Any, int]:
+        first = raw[pos]
+        if first == "[":
+            seq = NodeList()
+            seq.line = line
+            item_lines: list[int] = []
+            seq.item_lines = item_lines
+            pos = _skip_spaces(raw, pos + 1)
+            while raw[pos] != "]":
+                value, pos = self.flow_item(raw, pos, line)
+                seq.append(value)
+                item_lines.append(line)
+                pos = _skip_spaces(raw, pos)
+                if raw[pos] == ",":
+                    pos = _skip_spaces(raw, pos + 1)
+                elif raw[pos] != "]":
+                    raise _Unsupported("unexpected text in a flow sequence")
+            return seq, pos + 1
+        if first == "{":
+            node = Node()
+            node.line = line
+            key_lines: dict[str, int] = {}
+            node.key_lines = key_lines
+            pos = _skip_spaces(raw, pos + 1)
+            while raw[pos] != "}":
+                m = _SCALAR_RE.match(raw, pos)
+                if m is None:
+                    raise _Unsupported("an unusual flow mapping key")
+                key = self.key(m.group())
+                if key in node:
+                    raise _Unsupported("duplicate key")
+                pos = _skip_spaces(raw, m.end())
+                if raw[pos] != ":" or raw[pos + 1] != " ":
+                    raise _Unsupported("a flow mapping entry without ': '")
+                value, pos = self.flow_item(raw, _skip_spaces(raw, pos + 1), line)
+                node[key] = value
+                key_lines[key] = line
+                pos = _skip_spaces(raw, pos)
+                if raw[pos] == ",":
+                    pos = _skip_spaces(raw, pos + 1)
+                elif raw[pos] != "}":
+                    raise _Unsupported("unexpected text in a flow mapping")
+            return node, pos + 1
+        m = _SCALAR_RE.match(raw, pos)
+        if m is None:
+            raise _Unsupported("an unusual flow scalar")
+        return self.scalar(m.group()), m.end()
+
+
+def _skip_spaces(raw: str, pos: int) -> int:
+    while raw[pos] == " ":
+        pos += 1
+    return pos
+
+
 def policy_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Problem]]:
     """Every *.yaml/*.yml under the given files/directories, sorted, loops broken."""
     found: list[Path] = []
@@ -319,11 +721,35 @@ def policy_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Problem]
     return sorted(set(found)), problems
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a policy is read or compiled.
+
+    A 100k-line policy allocates about a million objects that all survive, enough to
+    set off a dozen full collections, each scanning the whole heap: more than half of
+    the load's time. A policy holds no reference cycles (tested), so nothing is lost:
+    the collector looks at the new objects once it runs again. Leaves an already
+    paused collector (the reloader's thread pauses it for the whole reload) paused."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def load_documents(paths: Sequence[str | Path]) -> LoadResult:
     """Read all policy files; problems never raise. The revision hashes each file's
     path relative to the policy directory it was found in (its name, for a file given
     directly) and its contents: the same tree gives the same revision wherever it is
     mounted and however its path is spelled (DESIGN §5)."""
+    with collector_paused():
+        return _load_documents(paths)
+
+
+def _load_documents(paths: Sequence[str | Path]) -> LoadResult:
     files, problems = policy_files(paths)
     documents: list[Document] = []
     hashed: list[tuple[int, str, bytes]] = []
@@ -349,7 +775,12 @@ def load_documents(paths: Sequence[str | Path]) -> LoadResult:
         problems.extend(probs)
     digest = hashlib.sha256()
     for _, rel, raw in sorted(hashed, key=lambda h: (h[0], h[1])):
-        digest.update(rel.encode() + b"\0" + raw + b"\0")
+        # Four updates hash what one update of the joined bytes did, without copying a
+        # large file twice with the GIL held (hashing itself releases it).
+        digest.update(rel.encode())
+        digest.update(b"\0")
+        digest.update(raw)
+        digest.update(b"\0")
     return LoadResult(documents, problems, digest.hexdigest()[:12])
 
 

@@ -53,6 +53,13 @@ _SUBJECT_FIELDS = frozenset({"kind", "name", "tenant", "namespace", "apiGroup"})
 _OWNER_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 # Characters that would make a compiled policy value ambiguous.
 _FORBIDDEN_IN_VALUES = (",", "\n", "\r")
+_FORBIDDEN_RE = re.compile(r"[,\n\r]")
+# What `_plain_resource_rule` accepts without the full check: no wildcard, no
+# subresource in resources; no wildcard in resourceNames.
+_PLAIN_RULE_FIELDS = frozenset({"apiGroups", "resources", "resourceNames", "verbs"})
+_NOT_PLAIN_RESOURCES = re.compile(r"[,\n\r*/]")
+_NOT_PLAIN_NAMES = re.compile(r"[,\n\r*]")
+_PLAIN_SUBJECT_FIELDS = frozenset({"kind", "name"})
 _ALLOWED_REFS = {
     CLUSTER_ROLE_BINDING: (CLUSTER_ROLE,),
     TENANT_ROLE_BINDING: (TENANT_ROLE, CLUSTER_ROLE),
@@ -194,13 +201,19 @@ class _Checker:
             if required:
                 self.error(f"{where} needs {key!r}", node)
             return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        try:
+            # str.join refuses anything but strings: one C call checks every entry.
+            text = "".join(value) if isinstance(value, list) else None
+        except TypeError:
+            text = None
+        if text is None:
             self.error(f"{key!r} in {where} must be a list of strings", node, key)
             return None
-        for i, v in enumerate(value):
-            if any(c in v for c in _FORBIDDEN_IN_VALUES):
-                self.error(f"{key!r} entry {v!r} contains ',' or a line break", value, i)
-                return None
+        if _FORBIDDEN_RE.search(text):
+            for i, v in enumerate(value):
+                if any(c in v for c in _FORBIDDEN_IN_VALUES):
+                    self.error(f"{key!r} entry {v!r} contains ',' or a line break", value, i)
+                    return None
         return tuple(value)
 
 
@@ -314,6 +327,52 @@ def _parse_role(doc: Document, problems: list[Problem]) -> RoleDef | None:
 def _parse_rule(
     c: _Checker, raw: Any, rule_id: str, kind: str, parent: Any, index: int
 ) -> list[Rule]:
+    plain = _plain_resource_rule(raw, rule_id)
+    if plain is not None:
+        return [plain]
+    return _checked_rule(c, raw, rule_id, kind, parent, index)
+
+
+def _plain_resource_rule(raw: Any, rule_id: str) -> Rule | None:
+    """The common rule, when it has no problem: apiGroups, resources and known verbs
+    (maybe resourceNames), no wildcard or subresource in resources, no owner, no URLs.
+    Anything else (None) goes through `_checked_rule`, which finds every problem; this
+    accepts only what that accepts, and builds the same `Rule`."""
+    if type(raw) is not Node or not raw.keys() <= _PLAIN_RULE_FIELDS:
+        return None
+    verbs = raw.get("verbs")
+    groups = raw.get("apiGroups")
+    resources = raw.get("resources")
+    names = raw.get("resourceNames", ())
+    if not (
+        type(verbs) is NodeList
+        and type(groups) is NodeList
+        and type(resources) is NodeList
+        and (type(names) is NodeList or names == ())
+        and verbs
+        and groups
+        and resources
+        and "" not in resources
+        and "" not in names
+    ):
+        return None
+    try:
+        if (
+            not RESOURCE_VERBS.issuperset(verbs)
+            or _FORBIDDEN_RE.search("".join(groups))
+            or _NOT_PLAIN_RESOURCES.search("".join(resources))
+            or _NOT_PLAIN_NAMES.search("".join(names))
+        ):
+            return None
+    except TypeError:  # an entry that is not a string
+        return None
+    return Rule(rule_id, tuple(verbs), tuple(groups), tuple(resources), tuple(names))
+
+
+def _checked_rule(
+    c: _Checker, raw: Any, rule_id: str, kind: str, parent: Any, index: int
+) -> list[Rule]:
+    """Every check of a rule, each problem reported with its line."""
     if not isinstance(raw, Node):
         c.error("a rule must be a mapping", parent, index)
         return []
@@ -504,8 +563,25 @@ def _subjects(c: _Checker, meta: tuple[str, str, str] | None) -> tuple[Subject, 
         return None
     _, tenant, namespace = meta
     cluster = c.doc.kind == CLUSTER_ROLE_BINDING
+    # A subject with only kind and name gets this tenant: when that is valid, a User
+    # or Group with an ordinary name needs none of the checks below.
+    default_tenant = SYSTEM_TENANT if cluster else tenant
+    plain_ok = is_dns1123_label(default_tenant)
+    reserved_ok = default_tenant == SYSTEM_TENANT
     out: list[Subject] = []
     for i, s in enumerate(raw):
+        if plain_ok and type(s) is Node and s.keys() <= _PLAIN_SUBJECT_FIELDS:
+            kind, name = s.get("kind"), s.get("name")
+            if (
+                (kind == "User" or kind == "Group")
+                and type(name) is str
+                and name
+                and name != "*"
+                and name != AUTHENTICATED_GROUP
+                and (reserved_ok or not name.startswith("system:"))
+            ):
+                out.append(Subject(kind, name, default_tenant))
+                continue
         if not isinstance(s, Node):
             c.error("a subject must be a mapping", raw, i)
             continue
