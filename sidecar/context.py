@@ -11,12 +11,9 @@ metrics and audit stages.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +22,7 @@ from aiohttp import web
 
 from sidecar.errors import StatusError
 from sidecar.framing import send_continue
+from sidecar.ids import new_id
 from sidecar.target import RequestTarget
 
 if TYPE_CHECKING:
@@ -40,20 +38,6 @@ ENFORCE = "enforce"
 DRY_RUN = "dry-run"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-# New request ids: a random per-process prefix and a counter (uuid4 per request costs
-# a getrandom() call on the hot path). 32 hex characters, unique across processes.
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_id_counter = itertools.count(1)
-
-
-def _new_prefix_in_child() -> None:
-    # `--workers N` forks after this module is imported: each worker its own prefix.
-    global _ID_PREFIX, _id_counter
-    _ID_PREFIX = uuid.uuid4().hex[:16]
-    _id_counter = itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_new_prefix_in_child)
 
 
 def request_id_for(request: web.BaseRequest) -> str:
@@ -61,7 +45,7 @@ def request_id_for(request: web.BaseRequest) -> str:
     given = request.headers.get("X-Request-Id")
     if given and _REQUEST_ID.match(given):
         return given
-    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+    return new_id()
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import itertools
-import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from sidecar.ids import new_id
 from sidecar.quota.meters import Charge
 
 Clock = Callable[[], float]
@@ -138,25 +136,8 @@ class ReconcileResult:
     after: dict[str, int]
 
 
-# Reservation ids: a random per-process prefix and a counter, 32 hex characters, unique
-# across the processes sharing a ledger (uuid4 per create costs a getrandom() call, and
-# random ids land all over the ledger's index where a counter appends).
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_id_counter = itertools.count(1)
-
-
-def _new_prefix_in_child() -> None:
-    # `--workers N` forks: each worker its own prefix.
-    global _ID_PREFIX, _id_counter
-    _ID_PREFIX = uuid.uuid4().hex[:16]
-    _id_counter = itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_new_prefix_in_child)
-
-
 def new_reservation_id() -> str:
-    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+    return new_id()  # sidecar/ids.py: per-process prefix + counter
 
 
 def idempotency_claim(caller_tenant: str, key: str, method: str, path: str, body: bytes) -> Claim:

@@ -256,21 +256,3 @@ async def test_closed_ledger_refuses_work(tmp_path: Path) -> None:
     await ledger.close()  # twice is fine
     with pytest.raises(LedgerError):
         await ledger.ping()
-
-
-def test_reservation_ids_differ_in_a_forked_child() -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its first id, then exit at once
-        try:
-            os.write(write, new_reservation_id().encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    child = os.read(read, 64).decode()
-    os.close(read)
-    os.waitpid(pid, 0)
-    mine = new_reservation_id()
-    assert len(child) == len(mine) == 32
-    assert child[:16] != mine[:16]
-    assert new_reservation_id() != mine
