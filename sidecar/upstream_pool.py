@@ -210,6 +210,7 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._read_paused = False
+        self._close_delimited = False
         self.timed_out = False
         self._sending: asyncio.Task[Any] | None = None
 
@@ -332,9 +333,9 @@ class _Connection(asyncio.Protocol):
 
     # -- the exchange ---------------------------------------------------------------
 
-    _close_delimited = False
-
-    async def exchange(self, head: bytes, body: Body, is_head: bool) -> Response:
+    async def exchange(
+        self, head: bytes, body: Body, is_head: bool, chunked: bool = False
+    ) -> Response:
         """Send one request and wait for its answer's headers."""
         transport = self.transport
         if self.lost or transport is None:
@@ -356,15 +357,14 @@ class _Connection(asyncio.Protocol):
             transport.write(head)
             self._sending = asyncio.current_task()
             try:
-                await self._send_stream(body)
+                await self._send_stream(body, chunked)
             finally:
                 self._sending = None
         return await self._head
 
-    async def _send_stream(self, body: AsyncIterator[bytes]) -> None:
+    async def _send_stream(self, body: AsyncIterator[bytes], chunked: bool) -> None:
         transport = self.transport
         assert transport is not None
-        chunked = self._chunked_body
         async for chunk in body:
             if not chunk:
                 continue
@@ -382,8 +382,6 @@ class _Connection(asyncio.Protocol):
                     self._drain = None
         if chunked:
             transport.write(b"0\r\n\r\n")
-
-    _chunked_body = False
 
     @property
     def received_nothing(self) -> bool:
@@ -514,16 +512,16 @@ class UpstreamPool:
             raise ValueError("a header name or value contains NUL")
         head = text.encode("utf-8", "surrogateescape")
         is_head = method == "HEAD"
+        chunked = streamed and content_length is None
         retriable = method in IDEMPOTENT and not streamed
         loop = asyncio.get_running_loop()
         deadline = None if within is None else loop.time() + within
         while True:
             conn, reused = await self._acquire(deadline)
-            conn._chunked_body = streamed and content_length is None
             if deadline is not None:
                 self._arm(conn, deadline)
             try:
-                return await conn.exchange(head, body, is_head)
+                return await conn.exchange(head, body, is_head, chunked)
             except UpstreamBroken:
                 conn.abort()
                 if reused and retriable and conn.received_nothing:
