@@ -17,6 +17,12 @@ Each route runs a prefix of that one list in front of its own terminal:
   sidecar, never forwarded;
 - everything else: the whole list, then the proxy.
 
+Every request enters through one function, the front door (`FRONT_DOOR`): the
+`Expect` check, the framing guard, then the dispatch by path. `sidecar serve` hands
+requests to it straight from aiohttp's server (`sidecar/server.py`); the aiohttp
+router, which test clients go through, has one catch-all route to the same dispatch
+with the same guard and `Expect` handler, so both paths answer alike.
+
 Lifecycles run through aiohttp's `cleanup_ctx` (started in order, stopped in reverse);
 one SIGHUP handler reloads the policy and the credential files.
 """
@@ -68,6 +74,9 @@ QUOTA_PREFIX = "/quota/v1"
 
 Lifecycle = Callable[[web.Application], AsyncIterator[None]]
 Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The app's front door (see the module docstring), for `sidecar/server.py`.
+FRONT_DOOR: web.AppKey[Route] = web.AppKey("front_door")
 
 
 def build_app(config: Config) -> web.Application:
@@ -187,6 +196,7 @@ def build_app(config: Config) -> web.Application:
     reconcile_every = config.quota.reconcile_interval_seconds
     app.cleanup_ctx.extend(
         [
+            lambda _: metrics.flushing(),  # first in, last out: the final flush
             _service(audit.start, audit.stop),
             first_policy_revision,
             close_ledger,
@@ -231,6 +241,18 @@ def _route_all(
         return await handler(request)
 
     app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=framing.expect_handler)
+
+    async def front_door(request: web.Request) -> web.StreamResponse:
+        # What aiohttp's Application does for the route above, without its router,
+        # middleware chain and per-request bookkeeping.
+        if request.headers.get("Expect"):
+            answered = await framing.expect_handler(request)
+            await request.writer.drain()
+            if answered is not None:
+                return answered
+        return await framing.guard(request, dispatch)
+
+    app[FRONT_DOOR] = front_door
 
 
 def _entry(config: Config, policy: PolicyStore, handler: Handler) -> Route:
@@ -302,4 +324,4 @@ def _on_sighup(actions: Sequence[Callable[[], None]]) -> Lifecycle:
     return lifecycle
 
 
-__all__ = ["METRICS_KEY", "READINESS_KEY", "build_app"]
+__all__ = ["FRONT_DOOR", "METRICS_KEY", "READINESS_KEY", "build_app"]

@@ -165,6 +165,7 @@ async def _run(
     from sidecar.app import METRICS_KEY, READINESS_KEY
     from sidecar.health import build_metrics_app
     from sidecar.redact import redact_url
+    from sidecar.server import FrontDoorRunner
     from sidecar.tls import TlsSite
 
     host, port = config.listen_host_port
@@ -179,7 +180,7 @@ async def _run(
         # A failed reload shows in /readyz but never makes it 503: the old cert serves.
         app[READINESS_KEY].add("tls", tls_ready)
     try:
-        main = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
+        main = FrontDoorRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
         await main.setup()
         runners.append(main)
         site: web.TCPSite

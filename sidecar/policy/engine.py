@@ -372,9 +372,13 @@ class DecisionCache:
         compute: Callable[[Identity, RequestTarget], Any],
     ) -> Any:
         key = (kind, *self.key(engine, identity, target))
-        if key in self._lru:
+        try:
+            found = self._lru[key]
+        except KeyError:
+            pass
+        else:
             self._count(True)
-            return self._lru[key]
+            return found
         self._count(False)
         value = compute(identity, target)
         self._lru[key] = value

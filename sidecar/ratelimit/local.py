@@ -128,6 +128,8 @@ class Verdict:
 
 def tightest(verdicts: Sequence[Verdict]) -> Verdict:
     """The verdict to report: a refusal with the longest wait, else the fewest left."""
+    if len(verdicts) == 1:
+        return verdicts[0]
     refused = [v for v in verdicts if not v.allowed]
     if refused:
         return max(refused, key=lambda v: (v.retry_after, -v.remaining))
@@ -168,6 +170,13 @@ class LocalLimiter:
         """
         if not keys:
             return None
+        if len(keys) == 1 and max_wait <= 0:  # the common case, in one pass
+            key, spec = keys[0]
+            only = self.bucket(key, spec)
+            if only.has_capacity():
+                only.take()
+                return _state(only, True)
+            return _state(only, False)
         buckets = [self.bucket(k, s) for k, s in keys]
         deadline: float | None = None
         while True:
@@ -193,13 +202,24 @@ class LocalLimiter:
 
 
 def _state(bucket: Bucket, allowed: bool) -> Verdict:
+    """The bucket's numbers for the headers, from one reading of its level (the same
+    as `remaining()`, `reset()` and `retry_after()` would give one after another)."""
     spec = bucket.spec
+    level = bucket.level()
+    if level <= _EPS:
+        reset = 0
+    else:
+        reset = math.ceil((level - _EPS / 2) / spec.rate)
+    retry = 0
+    if not allowed:
+        need = level + 1.0 - spec.burst
+        retry = 0 if need <= _EPS else max(1, math.ceil((need - _EPS / 2) / spec.rate))
     return Verdict(
         allowed=allowed,
         limit=spec.burst,
-        remaining=bucket.remaining(),
-        reset=bucket.reset(),
-        retry_after=0 if allowed else bucket.retry_after(),
+        remaining=max(0, math.floor(spec.burst - level + _EPS)),
+        reset=reset,
+        retry_after=retry,
         tier="local",
         window=spec.burst / spec.rate,
     )

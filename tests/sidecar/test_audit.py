@@ -6,12 +6,21 @@ import asyncio
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sidecar.audit import AuditLog
+from sidecar.audit import AuditLog, encode, line_for
 from sidecar.config import AuditConfig
+from sidecar.context import Identity, RequestContext
+from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
+from sidecar.policy.decision import Verdict
+from sidecar.target import RequestTarget
 from tests.rigs.waiting import eventually
 
 
@@ -112,3 +121,106 @@ async def test_unwritable_path_fails_start(tmp_path: Path) -> None:
     log = AuditLog(AuditConfig(path=str(tmp_path / "no" / "such" / "dir.log")), Metrics())
     with pytest.raises(FileNotFoundError):
         await log.start()
+
+
+# Text that JSON and log shippers find awkward: quotes, backslashes, control and line
+# separator characters, non-ASCII, lone surrogates.
+_AWKWARD = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(['"', "\\", "\n", "\r", "\u2028", "\u2029", "\x85", "\x00", "é", "\ud800"]),
+        st.characters(),
+    ),
+    max_size=12,
+)
+
+
+@given(
+    user=_AWKWARD,
+    groups=st.lists(_AWKWARD, max_size=3),
+    name=_AWKWARD,
+    namespace=st.one_of(st.none(), _AWKWARD),
+    reason=_AWKWARD,
+    raw_path=_AWKWARD,
+    notes=st.dictionaries(_AWKWARD, st.one_of(_AWKWARD, st.integers(), st.none()), max_size=3),
+    status=st.integers(100, 599),
+    with_identity=st.booleans(),
+    with_target=st.booleans(),
+    with_decision=st.booleans(),
+)
+def test_a_request_line_is_the_record_encoded(
+    user: str,
+    groups: list[str],
+    name: str,
+    namespace: str | None,
+    reason: str,
+    raw_path: str,
+    notes: dict[str, Any],
+    status: int,
+    with_identity: bool,
+    with_target: bool,
+    with_decision: bool,
+) -> None:
+    """`line_for` writes, text for text, what `encode` gives for the documented record
+    (DESIGN §9) followed by the stages' notes: one line, ASCII only."""
+    request = make_mocked_request("GET", "/x")
+    ctx = RequestContext(
+        request=request,
+        request_id="req-1",
+        policy=cast(Any, SimpleNamespace(revision="rev-0")),
+        max_body_bytes=10,
+    )
+    ctx.audit.update(notes)
+    identity = Identity(user, "acme", tuple(groups), "token") if with_identity else None
+    target = (
+        RequestTarget(
+            path="/p",
+            verb="get",
+            resource_request=True,
+            api_group="compute",
+            tenant="acme",
+            namespace=namespace,
+            resource="servers",
+            subresource="tags",
+            name=name,
+        )
+        if with_target
+        else None
+    )
+    decision = Verdict("allow", reason, "rev-1") if with_decision else None
+    ctx.identity, ctx.target, ctx.decision = identity, target, decision
+    ctx.error = None if with_decision else StatusError(403, reason)
+    line = line_for(_with_raw_path(ctx, raw_path), status)
+    record = json.loads(line)
+    expected: dict[str, Any] = {
+        "time": record["time"],
+        "requestId": "req-1",
+        "user": user if identity else None,
+        "tenant": "acme" if identity else None,
+        "groups": groups if identity else [],
+        "method": "GET",
+        "path": raw_path,
+        "verb": "get",
+        "apiGroup": "compute" if target else None,
+        "resource": "servers/tags" if target else None,
+        "targetTenant": "acme" if target else None,
+        "namespace": namespace if target else None,
+        "name": name if target else None,
+        "decision": "allow" if decision else "none",
+        "reason": reason,
+        "revision": "rev-1" if decision else "rev-0",
+        "status": status,
+        "latencyMs": record["latencyMs"],
+        "client": request.remote,
+        **notes,
+    }
+    assert line == encode(expected)
+    assert line.isascii()
+    assert line.count("\n") == 1
+
+
+def _with_raw_path(ctx: RequestContext, raw_path: str) -> RequestContext:
+    """The context with a request whose raw path is `raw_path` (any text)."""
+    ctx.request = cast(
+        Any, SimpleNamespace(method="GET", raw_path=raw_path, remote=ctx.request.remote)
+    )
+    return ctx

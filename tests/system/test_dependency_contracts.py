@@ -15,6 +15,12 @@ bound, run this file against the new version. The internals used:
   without reading the body, instead of draining it for `lingering_time`.
 
 
+- `Server.request_handler`, which each new connection's protocol reads: the sidecar's
+  runner (`sidecar/server.py`) sets it to the app's front door, bypassing the router.
+
+prometheus-client: `sidecar/metrics.py` flushes batched histogram observations into a
+labelled child's `_upper_bounds`, `_buckets` (per-bucket, not cumulative) and `_sum`.
+
 aiolimiter (DESIGN §6: local buckets use it) is pinned the same way:
 `sidecar/ratelimit/local.py` reads and sets `AsyncLimiter._level` (tokens in use),
 `_last_check` (the clock reading of the last leak) and `_rate_per_sec`, and overrides
@@ -28,6 +34,7 @@ import asyncio
 import inspect
 import json
 import re
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -36,6 +43,7 @@ from aiohttp import web, web_protocol
 from aiohttp.test_utils import TestServer
 
 from sidecar import framing, protocol_errors
+from sidecar.app import FRONT_DOOR
 from tests.rigs import paths
 
 ROOT = paths.ROOT
@@ -190,3 +198,51 @@ async def test_local_bucket_counts_like_aiolimiter() -> None:
     assert bucket.has_capacity()
     assert not bucket.has_capacity(1.5)
     assert bucket.level() == pytest.approx(3.0)
+
+
+def test_histogram_children_keep_their_per_bucket_values() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    registry = CollectorRegistry()
+    hist = Histogram("h_seconds", "", ["t"], buckets=(1, 2), registry=registry)
+    child = hist.labels("x")
+    assert list(child._upper_bounds) == [1, 2, float("inf")]
+    child._buckets[1].inc(3)  # three observations in (1, 2]
+    child._sum.inc(4.5)
+    assert registry.get_sample_value("h_seconds_bucket", {"t": "x", "le": "1.0"}) == 0
+    assert registry.get_sample_value("h_seconds_bucket", {"t": "x", "le": "2.0"}) == 3
+    assert registry.get_sample_value("h_seconds_count", {"t": "x"}) == 3
+    assert registry.get_sample_value("h_seconds_sum", {"t": "x"}) == 4.5
+
+
+async def test_the_front_door_runner_serves_through_the_request_handler() -> None:
+    """`FrontDoorRunner` answers through the handler it sets, not the app's router."""
+    from sidecar.server import FrontDoorRunner
+
+    app = web.Application()
+
+    async def routed(_: web.Request) -> web.Response:
+        return web.Response(text="router")
+
+    async def front(_: web.Request) -> web.Response:
+        return web.Response(text="front door")
+
+    app.router.add_get("/", routed)
+    app[FRONT_DOOR] = front
+    runner = FrontDoorRunner(app)
+    await runner.setup()
+    try:
+        site = web.SockSite(runner, _listening_socket())
+        await site.start()
+        port = site._sock.getsockname()[1]  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/") as resp:
+                assert await resp.text() == "front door"
+    finally:
+        await runner.cleanup()
+
+
+def _listening_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
