@@ -54,6 +54,9 @@ from loadtests.stack import ROOT, Proc, Stack, free_port, seed_server, seed_tena
 
 TENANT, NAMESPACE, TOKEN = "acme", "dev", "bench-alice"
 SERVERS = f"/apis/compute/v1/tenants/{TENANT}/namespaces/{NAMESPACE}/servers"
+# A tenant over its limit (1 request/s): workload (e), what a refusal costs.
+FLOOD, FLOOD_TOKEN = "flood", "bench-flood"
+FLOOD_PATH = f"/apis/compute/v1/tenants/{FLOOD}/namespaces/{NAMESPACE}/servers/web-0"
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -170,10 +173,10 @@ def _wrk_ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)] if m else math.nan
 
 
-def _wrk_script(work: Path, method: str, path: str, prefix: str) -> Path:
+def _wrk_script(work: Path, method: str, path: str, prefix: str, token: str = TOKEN) -> Path:
     script = work / f"wrk-{prefix}.lua"
     if method == "GET":  # a static request: wrk builds it once
-        script.write_text(f"wrk.method = 'GET'\nwrk.headers['Authorization'] = 'Bearer {TOKEN}'\n")
+        script.write_text(f"wrk.method = 'GET'\nwrk.headers['Authorization'] = 'Bearer {token}'\n")
         return script
     body = ""
     if method == "POST":
@@ -197,9 +200,16 @@ def _wrk_script(work: Path, method: str, path: str, prefix: str) -> Path:
 
 
 def run_wrk(
-    work: Path, base: str, method: str, path: str, seconds: float, conc: int, prefix: str
+    work: Path,
+    base: str,
+    method: str,
+    path: str,
+    seconds: float,
+    conc: int,
+    prefix: str,
+    token: str = TOKEN,
 ) -> tuple[float, float, float, int, int]:
-    script = _wrk_script(work, method, path, prefix)
+    script = _wrk_script(work, method, path, prefix, token)
     cmd = [
         "wrk",
         f"-t{min(2, conc)}",
@@ -239,9 +249,15 @@ def parse_wrk(out: str) -> tuple[float, float, float, int, int]:
 
 
 def run_aiohttp(
-    base: str, method: str, path: str, seconds: float, conc: int, prefix: str
+    base: str,
+    method: str,
+    path: str,
+    seconds: float,
+    conc: int,
+    prefix: str,
+    token: str = TOKEN,
 ) -> tuple[float, float, float, int, int]:
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+    headers = {"Authorization": f"Bearer {token}"}
     url = base + path
 
     def make(i: int) -> RequestSpec:
@@ -270,12 +286,24 @@ def bench_policies(stack: Stack) -> Path:
         shutil.rmtree(directory)
     shutil.copytree(ROOT / "policies", directory, ignore=shutil.ignore_patterns("tests"))
     (directory / "60-rate-limits.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "kind": "RateLimit",
-                "metadata": {"name": "default"},
-                "spec": {"tenant": "*", "rate": 1000000, "burst": 1000000, "maxInFlight": 100000},
-            }
+        yaml.safe_dump_all(
+            [
+                {
+                    "kind": "RateLimit",
+                    "metadata": {"name": "default"},
+                    "spec": {
+                        "tenant": "*",
+                        "rate": 1000000,
+                        "burst": 1000000,
+                        "maxInFlight": 100000,
+                    },
+                },
+                {
+                    "kind": "RateLimit",
+                    "metadata": {"name": FLOOD},
+                    "spec": {"tenant": FLOOD, "rate": 1, "burst": 1},
+                },
+            ]
         )
     )
     (directory / "70-quotas.yaml").write_text(
@@ -516,7 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         seed_server(store.url, TENANT, "web-0", NAMESPACE)
         policies = bench_policies(stack)
         tokens = stack.write_tokens(
-            [{"token": TOKEN, "user": "alice", "tenant": TENANT, "groups": ["developers"]}]
+            [
+                {"token": TOKEN, "user": "alice", "tenant": TENANT, "groups": ["developers"]},
+                {"token": FLOOD_TOKEN, "user": "mallory", "tenant": FLOOD, "groups": []},
+            ]
         )
         pport = free_port()
         proxy = stack.start_command(
@@ -552,24 +583,38 @@ def main(argv: list[str] | None = None) -> int:
             ("a direct", "get-c1", store, "GET"),
             ("b passthrough", "get-c1", proxy, "GET"),
             (f"c sidecar w{first}", "get-c1", sidecars[first], "GET"),
+            # A tenant far over its limit: every answer a 429 (what a flood costs).
+            (f"e sidecar w{first}", "refused", sidecars[first], "GET"),
         ]
 
         def measure(
-            base: str, method: str, path: str, seconds: float, conc: int, prefix: str
+            base: str,
+            method: str,
+            path: str,
+            seconds: float,
+            conc: int,
+            prefix: str,
+            token: str,
         ) -> tuple[float, float, float, int, int]:
             if use_wrk:
-                return run_wrk(stack.work, base, method, path, seconds, conc, prefix)
-            return run_aiohttp(base, method, path, seconds, conc, prefix)
+                return run_wrk(stack.work, base, method, path, seconds, conc, prefix, token)
+            return run_aiohttp(base, method, path, seconds, conc, prefix, token)
 
         for round_no in range(args.rounds):
             for i, (name, workload, server, method) in enumerate(plan):
                 path = f"{SERVERS}/web-0" if method == "GET" else SERVERS
+                token = TOKEN
+                if workload == "refused":
+                    path, token = FLOOD_PATH, FLOOD_TOKEN
                 conc = 1 if workload.endswith("-c1") else args.concurrency
                 seconds = min(args.seconds, 3.0) if conc == 1 else args.seconds
                 tag = f"r{round_no}-{i}"
-                measure(server.url, method, path, min(1.0, seconds), conc, f"w{tag}")  # warm-up
+                # warm-up
+                measure(server.url, method, path, min(1.0, seconds), conc, f"w{tag}", token)
                 cpu_before = cpu_seconds(server.proc.pid)
-                rps, p50, p99, n, errs = measure(server.url, method, path, seconds, conc, tag)
+                rps, p50, p99, n, errs = measure(
+                    server.url, method, path, seconds, conc, tag, token
+                )
                 cpu_us = (cpu_seconds(server.proc.pid) - cpu_before) / max(n, 1) * 1e6
                 results.append(
                     Result(name, workload, rps, p50, p99, n, errs, generator, cpu_us, round_no)
@@ -731,6 +776,17 @@ def summarise(
             f"{key[0]:16} {key[1]:8} {m['rps']:9.0f} {m['p50']:8.2f} {m['p99']:8.2f} "
             f"{m['cpu']:10.0f} {int(m['requests']):9d} {int(m['errors']):7d}"
         )
+    refused = [k for k in keys if k[1] == "refused"]
+    if refused:
+        read = (refused[0][0].replace("e sidecar", "c sidecar"), "get")
+        if read in med:
+            cost, forwarded = med[refused[0]]["cpu"], med[read]["cpu"]
+            lines += [
+                "",
+                f"a refusal (429, workload e: every answer of wrk's 'errors') costs {cost:.0f} us "
+                f"of sidecar CPU, {cost / forwarded:.2f} of a forwarded cached read's "
+                f"{forwarded:.0f} us",
+            ]
     lines += ["", "DESIGN §11 targets (ratios: median of the rounds' ratios):"]
     lines += [v.line() for v in verdicts]
     text = report.write_summary(out / "bench-summary.txt", "benchmark: sidecar overhead", lines)

@@ -264,8 +264,17 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
             Stream("quiet", rate / 2, _get_server(sidecar.url, "quiet"), half, half, "with-noisy"),
         ]
         noisy_streams = [
+            # The flood's client on plain connections (loadgen.open_loop_lean): through
+            # aiohttp's client it would take most of a core from the sidecar and the
+            # quiet tenant's client on this 2-core machine.
             Stream(
-                "noisy", rate * factor, _get_server(sidecar.url, "noisy"), half, half, "with-noisy"
+                "noisy",
+                rate * factor,
+                _get_server(sidecar.url, "noisy"),
+                half,
+                half,
+                "with-noisy",
+                lean=True,
             )
         ]
         try:

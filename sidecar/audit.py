@@ -234,7 +234,10 @@ def line_for(ctx: RequestContext, status: int) -> str:
     notes = ""
     if ctx.audit:
         try:
-            notes = "".join(f",{q(k)}:{_ENCODER.encode(v)}" for k, v in ctx.audit.items())
+            notes = "".join(
+                f",{q(k)}:{q(v) if type(v) is str else _ENCODER.encode(v)}"
+                for k, v in ctx.audit.items()
+            )
         except (TypeError, ValueError) as exc:
             notes = f',"auditError":{q(f"notes not serializable: {exc}")}'
     return (

@@ -61,10 +61,30 @@ class StatusError(Exception):
     def response(self) -> web.Response:
         return web.Response(
             status=self.code,
-            body=json.dumps(self.body()).encode(),
+            body=self.body_bytes(),
             content_type="application/json",
             headers=self.headers,
         )
+
+    def body_bytes(self) -> bytes:
+        """The encoded Status body. A flood of refusals repeats a few bodies (the same
+        429 for every request of a tenant over its limit), so the last BODY_CACHE
+        distinct ones are kept encoded."""
+        details = self.details
+        try:
+            key = (self.code, self.message, self.reason, tuple(details.items()) if details else ())
+            found = _bodies.get(key)
+        except TypeError:  # an unhashable detail value
+            return json.dumps(self.body()).encode()
+        if found is None:
+            if len(_bodies) >= BODY_CACHE:
+                _bodies.clear()
+            found = _bodies[key] = json.dumps(self.body()).encode()
+        return found
+
+
+BODY_CACHE = 1024
+_bodies: dict[tuple[Any, ...], bytes] = {}
 
 
 def status_body(

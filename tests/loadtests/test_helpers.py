@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from loadtests.bench import Result, parse_wrk, summarise_collapsed
 from loadtests.bench import targets as bench_targets
-from loadtests.loadgen import Stream, open_loop, open_loop_in_processes
+from loadtests.loadgen import Record, Stream, open_loop, open_loop_in_processes, open_loop_lean
 from loadtests.report import percentile, write_records
 from loadtests.scenarios import _quota_row
 from tests.rigs.raw_http import RawUpstream
@@ -85,7 +86,12 @@ def test_quota_row_reads_used_and_in_progress() -> None:
     assert _quota_row("not json") == (-1, -1)
 
 
-async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> None:
+@pytest.mark.parametrize("run", [open_loop, open_loop_lean], ids=["aiohttp", "lean"])
+async def test_open_loop_sends_exactly_rate_times_duration(
+    tmp_path: Path, run: Callable[[list[Stream]], Awaitable[list[Record]]]
+) -> None:
+    """Both generators: exactly rate x duration requests per stream, each answer's
+    status, Retry-After and Status reason recorded."""
     seen: list[str] = []
 
     async def handler(request: web.Request) -> web.Response:
@@ -105,7 +111,7 @@ async def test_open_loop_sends_exactly_rate_times_duration(tmp_path: Path) -> No
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}/"
     try:
-        records = await open_loop(
+        records = await run(
             [
                 Stream("a", 40, lambda _i: ("GET", url, {"X-Stream": "a"}, None), duration=0.5),
                 Stream(
@@ -144,7 +150,17 @@ def test_open_loop_in_processes_runs_each_group_on_one_schedule() -> None:
         records = open_loop_in_processes(
             [
                 [Stream("a", 40, lambda _i: ("GET", url, {}, None), duration=0.5)],
-                [Stream("b", 20, lambda _i: ("GET", url, {}, None), start=0.25, duration=0.5)],
+                # A lean group (a flood's client) on the same schedule.
+                [
+                    Stream(
+                        "b",
+                        20,
+                        lambda _i: ("GET", url, {}, None),
+                        start=0.25,
+                        duration=0.5,
+                        lean=True,
+                    )
+                ],
             ],
             lead=0.2,
         )

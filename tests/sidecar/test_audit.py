@@ -86,7 +86,7 @@ async def test_slow_sink_never_slows_emit(tmp_path: Path) -> None:
     real_write = log._write_batch
     entered = threading.Event()
 
-    def stuck_write(batch: list[dict[str, object]]) -> None:
+    def stuck_write(batch: list[dict[str, Any] | str]) -> None:
         entered.set()
         release.wait(30)
         real_write(batch)

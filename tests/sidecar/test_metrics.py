@@ -145,7 +145,7 @@ def test_tallies_flush_to_what_direct_updates_give(values: list[float], tenants:
     # A scrape (any collection of the registry) flushes first.
     for tenant in ("acme", "beta"):
         for bound in (*BUCKETS, float("inf")):
-            le = floatToGoString(bound)
+            le = floatToGoString(bound)  # type: ignore[no-untyped-call]
             got = metrics.registry.get_sample_value(
                 "sidecar_request_duration_seconds_bucket", {"tenant": tenant, "le": le}
             )

@@ -234,7 +234,7 @@ async def test_the_front_door_runner_serves_through_the_request_handler() -> Non
     try:
         site = web.SockSite(runner, _listening_socket())
         await site.start()
-        port = site._sock.getsockname()[1]  # type: ignore[union-attr]
+        port = site._sock.getsockname()[1]
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/") as resp:
                 assert await resp.text() == "front door"

@@ -1,0 +1,39 @@
+"""Status bodies (sidecar/errors.py): the encoded-body cache never mixes two errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar import errors
+from sidecar.errors import StatusError, status_body
+
+_DETAILS = st.one_of(
+    st.none(),
+    st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5))),
+    # An unhashable value: encoded without the cache.
+    st.builds(lambda v: {"items": v}, st.lists(st.integers(), max_size=3)),
+)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([400, 403, 404, 429]), st.text(max_size=20), _DETAILS),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_each_error_gets_its_own_body(cases: list[tuple[int, str, dict[str, Any] | None]]) -> None:
+    for code, message, details in cases:
+        body = StatusError(code, message, details=details).response().body
+        assert isinstance(body, bytes)
+        assert json.loads(body) == status_body(code, message, details=details)
+
+
+def test_the_cache_stays_bounded() -> None:
+    for i in range(errors.BODY_CACHE + 10):
+        StatusError(429, f"too many requests for tenant t{i}").body_bytes()
+    assert len(errors._bodies) <= errors.BODY_CACHE
