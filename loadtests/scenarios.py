@@ -250,9 +250,11 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
             _sidecar_config(stack, policies, tokens, store.url, opts=opts), workers=opts.workers
         )
         # Warm the token and decision caches and the pools, then let the buckets refill,
-        # so the quiet tenant's baseline is not its cold start.
+        # so the quiet tenant's baseline is not its cold start. Each request on a new
+        # connection: with `--workers N` the kernel spreads them, and 20 per tenant
+        # reach every worker (3 all landed on one worker a quarter of the time).
         for t in ("noisy", "quiet"):
-            for _ in range(3):
+            for _ in range(20 if opts.workers > 1 else 3):
                 http(
                     "GET",
                     sidecar.url + servers_path(t) + "/web-0",

@@ -156,8 +156,10 @@ def test_bench_runs_writes_results_and_stops_everything(tmp_path: Path) -> None:
         ("a direct", "get-c1"),
         ("b passthrough", "get-c1"),
         ("c sidecar w1", "get-c1"),
+        ("e sidecar w1", "refused"),
     }
     summary = (out / "bench-summary.txt").read_text()
+    assert "a refusal (429" in summary
     assert "cached reads >= 0.85 of the pass-through, 1 worker(s)" in summary
     assert "creates with quota >= 0.5 of the pass-through's, 1 worker(s)" in summary
     assert (out / "bench-throughput.png").stat().st_size > 0
