@@ -160,6 +160,26 @@ class LocalLimiter:
             return None
         return tightest([_state(self.bucket(k, s), True) for k, s in keys])
 
+    def try_acquire(self, keys: Sequence[tuple[Hashable, Rate]]) -> Verdict | None:
+        """`acquire` without waiting: a token from every bucket now, or from none."""
+        if not keys:
+            return None
+        if len(keys) == 1:  # the common case, in one pass
+            key, spec = keys[0]
+            only = self.bucket(key, spec)
+            if only.has_capacity():
+                only.take()
+                return _state(only, True)
+            return _state(only, False)
+        buckets = [self.bucket(k, s) for k, s in keys]
+        short = [b for b in buckets if not b.has_capacity()]
+        if short:
+            return tightest([_state(b, False) for b in short])
+        # Capacity was just checked and nothing here yields: taking is atomic.
+        for b in buckets:
+            b.take()
+        return tightest([_state(b, True) for b in buckets])
+
     async def acquire(
         self, keys: Sequence[tuple[Hashable, Rate]], max_wait: float = 0.0
     ) -> Verdict | None:
@@ -168,15 +188,8 @@ class LocalLimiter:
         Never waits longer than `max_wait` seconds; with 0 it answers at once.
         None when there is no bucket to check.
         """
-        if not keys:
-            return None
-        if len(keys) == 1 and max_wait <= 0:  # the common case, in one pass
-            key, spec = keys[0]
-            only = self.bucket(key, spec)
-            if only.has_capacity():
-                only.take()
-                return _state(only, True)
-            return _state(only, False)
+        if max_wait <= 0:
+            return self.try_acquire(keys)
         buckets = [self.bucket(k, s) for k, s in keys]
         deadline: float | None = None
         while True:

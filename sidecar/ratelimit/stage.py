@@ -26,6 +26,7 @@ from aiohttp import web
 
 from sidecar.config import RateLimitConfig
 from sidecar.context import RequestContext
+from sidecar.error_stage import answer
 from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler
@@ -153,16 +154,21 @@ class TenantRateLimitStage:
             if not dry:
                 lim.count(tenant, tier, LIMITED)
                 ctx.audit["ratelimit"] = f"limited:{tier}"
-                raise too_many(
-                    f"too many {what} for tenant {tenant!r} (limit {cap})",
-                    lim.local.peek(keys) or slot_verdict(cap),
-                    1,
+                return answer(
+                    ctx,
+                    too_many(
+                        f"too many {what} for tenant {tenant!r} (limit {cap})",
+                        lim.local.peek(keys) or slot_verdict(cap),
+                        1,
+                    ),
                 )
             lim.count(tenant, tier, WOULD_LIMIT)
             ctx.audit["ratelimit"] = f"would_limit:{tier}"
             slots.enter(tenant)
         try:
             verdict = await self._check(ctx, tenant, specs, keys, dry)
+            if isinstance(verdict, StatusError):
+                return answer(ctx, verdict)
             if verdict is not None:
                 headers = verdict.headers()
                 headers.pop("Retry-After", None)
@@ -179,9 +185,15 @@ class TenantRateLimitStage:
         specs: list[tuple[str, Rate]],
         keys: list[tuple[tuple[str, str], Rate]],
         dry: bool,
-    ) -> Verdict | None:
+    ) -> Verdict | StatusError | None:
+        """The verdict to report in the headers (None: no bucket applies), or the 429
+        to answer."""
         lim = self.limiter
-        verdict = await lim.local.acquire(keys, lim.max_wait)
+        verdict = (
+            lim.local.try_acquire(keys)
+            if lim.max_wait <= 0
+            else await lim.local.acquire(keys, lim.max_wait)
+        )
         if verdict is None:
             return None
         if not verdict.allowed:
@@ -200,7 +212,8 @@ class TenantRateLimitStage:
 
     def _refuse(
         self, ctx: RequestContext, tenant: str, tier: str, verdict: Verdict, dry: bool
-    ) -> Verdict:
+    ) -> Verdict | StatusError:
+        """The refusal to answer, or in dry-run the verdict to go on with."""
         lim = self.limiter
         if dry:
             lim.count(tenant, tier, WOULD_LIMIT)
@@ -208,7 +221,7 @@ class TenantRateLimitStage:
             return verdict
         lim.count(tenant, tier, LIMITED)
         ctx.audit["ratelimit"] = f"limited:{tier}"
-        raise too_many(
+        return too_many(
             f"too many requests for tenant {tenant!r}; retry after {verdict.retry_after}s",
             verdict,
             verdict.retry_after,
