@@ -22,7 +22,7 @@ import itertools
 import json
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -118,8 +118,26 @@ async def open_loop(
     own = session is None
     session = session or new_session()
     out: list[Record] = []
+    start = time.perf_counter() if t0 is None else t0
+    try:
+        await _on_schedule(
+            streams,
+            start,
+            lambda s, i: send_one(session, s.make(i), s.name, s.phase, start, out),
+        )
+    finally:
+        if own:
+            await session.close()
+    return out
+
+
+async def _on_schedule(
+    streams: list[Stream], t0: float, fire: Callable[[Stream, int], Coroutine[Any, Any, None]]
+) -> None:
+    """Start `fire(stream, i)` for each stream's i-th request at t0 + start + i/rate,
+    never waiting for earlier answers; return once the last has ended (at most 35 s
+    after the schedule)."""
     tasks: set[asyncio.Task[None]] = set()
-    t0 = time.perf_counter() if t0 is None else t0
 
     async def drive(s: Stream) -> None:
         interval = 1.0 / s.rate
@@ -131,18 +149,13 @@ async def open_loop(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(send_one(session, s.make(i), s.name, s.phase, t0, out))
+            task = asyncio.create_task(fire(s, i))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    try:
-        await asyncio.gather(*(drive(s) for s in streams))
-        if tasks:
-            await asyncio.wait(list(tasks), timeout=35)
-    finally:
-        if own:
-            await session.close()
-    return out
+    await asyncio.gather(*(drive(s) for s in streams))
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=35)
 
 
 def open_loop_in_processes(groups: list[list[Stream]], lead: float = 1.0) -> list[Record]:
@@ -258,7 +271,6 @@ async def open_loop_lean(streams: list[Stream], t0: float | None = None) -> list
     one when none is idle (as aiohttp's unlimited connector does); answers read whole."""
     loop = asyncio.get_running_loop()
     out: list[Record] = []
-    tasks: set[asyncio.Task[None]] = set()
     idle: dict[tuple[str, int], list[_Exchange]] = {}
     t0 = time.perf_counter() if t0 is None else t0
 
@@ -309,24 +321,8 @@ async def open_loop_lean(streams: list[Stream], t0: float | None = None) -> list
                 return conn
         return None
 
-    async def drive(s: Stream) -> None:
-        interval = 1.0 / s.rate
-        begin = t0 + s.start
-        for i in itertools.count():
-            due = begin + i * interval
-            if due - begin >= s.duration:
-                return
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(one(s.make(i), s.name, s.phase))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
     try:
-        await asyncio.gather(*(drive(s) for s in streams))
-        if tasks:
-            await asyncio.wait(list(tasks), timeout=35)
+        await _on_schedule(streams, t0, lambda s, i: one(s.make(i), s.name, s.phase))
     finally:
         for conns in idle.values():
             for conn in conns:
