@@ -200,6 +200,18 @@ async def test_local_bucket_counts_like_aiolimiter() -> None:
     assert bucket.level() == pytest.approx(3.0)
 
 
+def test_installed_prometheus_client_is_within_the_pinned_range() -> None:
+    import importlib.metadata
+
+    text = (ROOT / "pyproject.toml").read_text()
+    match = re.search(r'"prometheus-client>=([0-9.]+),<([0-9.]+)"', text)
+    assert match, "prometheus-client must be pinned with an upper bound in pyproject.toml"
+    version = importlib.metadata.version("prometheus-client")
+    installed = tuple(int(p) for p in version.split(".")[:2])
+    upper = tuple(int(p) for p in match.group(2).split("."))
+    assert installed < upper
+
+
 def test_histogram_children_keep_their_per_bucket_values() -> None:
     from prometheus_client import CollectorRegistry, Histogram
 
