@@ -83,22 +83,26 @@ class Bucket(AsyncLimiter):
         need = self.level() + amount - self.spec.burst
         return max(0.0, need / self.spec.rate)
 
-    def retry_after(self, amount: float = 1.0) -> int:
+    # The header numbers, each from a given reading of the level (`level()` when None),
+    # so that one verdict's numbers can share a single reading.
+
+    def retry_after(self, amount: float = 1.0, level: float | None = None) -> int:
         """Whole seconds, rounded up, after which `amount` tokens are available."""
-        need = self.level() + amount - self.spec.burst
+        need = (self.level() if level is None else level) + amount - self.spec.burst
         if need <= _EPS:
             return 0
         return max(1, math.ceil((need - _EPS / 2) / self.spec.rate))
 
-    def remaining(self) -> int:
-        return max(0, math.floor(self.spec.burst - self.level() + _EPS))
+    def remaining(self, level: float | None = None) -> int:
+        used = self.level() if level is None else level
+        return max(0, math.floor(self.spec.burst - used + _EPS))
 
-    def reset(self) -> int:
+    def reset(self, level: float | None = None) -> int:
         """Whole seconds until the bucket is full again."""
-        level = self.level()
-        if level <= _EPS:
+        used = self.level() if level is None else level
+        if used <= _EPS:
             return 0
-        return math.ceil((level - _EPS / 2) / self.spec.rate)
+        return math.ceil((used - _EPS / 2) / self.spec.rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +168,6 @@ class LocalLimiter:
         """`acquire` without waiting: a token from every bucket now, or from none."""
         if not keys:
             return None
-        if len(keys) == 1:  # the common case, in one pass
-            key, spec = keys[0]
-            only = self.bucket(key, spec)
-            if only.has_capacity():
-                only.take()
-                return _state(only, True)
-            return _state(only, False)
         buckets = [self.bucket(k, s) for k, s in keys]
         short = [b for b in buckets if not b.has_capacity()]
         if short:
@@ -219,20 +216,12 @@ def _state(bucket: Bucket, allowed: bool) -> Verdict:
     as `remaining()`, `reset()` and `retry_after()` would give one after another)."""
     spec = bucket.spec
     level = bucket.level()
-    if level <= _EPS:
-        reset = 0
-    else:
-        reset = math.ceil((level - _EPS / 2) / spec.rate)
-    retry = 0
-    if not allowed:
-        need = level + 1.0 - spec.burst
-        retry = 0 if need <= _EPS else max(1, math.ceil((need - _EPS / 2) / spec.rate))
     return Verdict(
         allowed=allowed,
         limit=spec.burst,
-        remaining=max(0, math.floor(spec.burst - level + _EPS)),
-        reset=reset,
-        retry_after=retry,
+        remaining=bucket.remaining(level),
+        reset=bucket.reset(level),
+        retry_after=0 if allowed else bucket.retry_after(1.0, level),
         tier="local",
         window=spec.burst / spec.rate,
     )
