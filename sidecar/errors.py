@@ -69,8 +69,12 @@ class StatusError(Exception):
     def body_bytes(self) -> bytes:
         """The encoded Status body. A flood of refusals repeats a few bodies (the same
         429 for every request of a tenant over its limit), so the last BODY_CACHE
-        distinct ones are kept encoded."""
+        distinct small ones are kept encoded. Messages can quote a URL's names, so a
+        long one is encoded each time instead: the cache stays small (at most
+        BODY_CACHE x CACHED_MESSAGE characters of keys) whatever clients send."""
         details = self.details
+        if len(self.message) > CACHED_MESSAGE:
+            return json.dumps(self.body()).encode()
         try:
             key = (self.code, self.message, self.reason, tuple(details.items()) if details else ())
             found = _bodies.get(key)
@@ -84,6 +88,7 @@ class StatusError(Exception):
 
 
 BODY_CACHE = 1024
+CACHED_MESSAGE = 256
 _bodies: dict[tuple[Any, ...], bytes] = {}
 
 

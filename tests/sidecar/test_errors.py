@@ -21,7 +21,11 @@ _DETAILS = st.one_of(
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from([400, 403, 404, 429]), st.text(max_size=20), _DETAILS),
+        st.tuples(
+            st.sampled_from([400, 403, 404, 429]),
+            st.one_of(st.text(max_size=20), st.text(min_size=250, max_size=300)),
+            _DETAILS,
+        ),
         min_size=1,
         max_size=30,
     )
@@ -37,3 +41,14 @@ def test_the_cache_stays_bounded() -> None:
     for i in range(errors.BODY_CACHE + 10):
         StatusError(429, f"too many requests for tenant t{i}").body_bytes()
     assert len(errors._bodies) <= errors.BODY_CACHE
+
+
+def test_long_messages_are_not_kept() -> None:
+    """A message can quote a URL's names (up to aiohttp's line limit): such bodies are
+    encoded each time, so a client sending ever-new long names cannot fill memory."""
+    errors._bodies.clear()
+    for i in range(50):
+        name = f"{i}-" + "x" * 16000
+        body = StatusError(404, f'servers "{name}" not found').body_bytes()
+        assert json.loads(body)["message"] == f'servers "{name}" not found'
+    assert errors._bodies == {}
