@@ -10,12 +10,15 @@ counts what reaches it.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from yarl import URL
 
+from tests.rigs.raw_http import json_of, read_message
 from tests.rigs.tenancy import SHIPPED_POLICIES, Env, running
 
 BURST = 5
@@ -119,3 +122,37 @@ async def test_access_reviews_stop_at_the_limit(env: Env) -> None:
     status, body = await env.call("acme-admin", "GET", "/api/v1/tenants/acme/namespaces")
     assert_limited(status, body)
     assert len(env.upstream_saw("/nodes/gone-")) == BURST
+
+
+async def test_a_refused_expect_continue_gets_no_100_and_its_body_is_never_read(
+    env: Env,
+) -> None:
+    """Over its limit, a client that asks `Expect: 100-continue` before sending a body
+    gets the 429 itself, never a `100 Continue`; the body it did not send is never
+    waited for, nothing reaches the upstream, and the connection ends after the answer
+    (its unsent body's fate is unknown, DESIGN §8)."""
+    for _ in range(BURST):
+        await env.call("acme-admin", "GET", "/api/v1/tenants/acme/namespaces")
+    body = b'{"metadata":{"name":"never-sent"}}'
+    head = (
+        "POST /api/v1/tenants/acme/namespaces/default/configmaps HTTP/1.1\r\n"
+        "Host: sidecar.test\r\nAuthorization: Bearer acme-admin\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Expect: 100-continue\r\n\r\n"
+    ).encode()
+    port = URL(env.url).port
+    assert port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)  # headers only: the body waits for a 100 that must not come
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await read_message(reader, request=False)
+            assert answer is not None
+            assert answer.status == 429, answer.start
+            assert json_of(answer)["reason"] == "TooManyRequests"
+            assert await reader.read() == b""  # closed after the answer
+    finally:
+        writer.close()
+    assert env.upstream_saw("never-sent") == []
+    assert env.upstream_saw("/configmaps") == []
