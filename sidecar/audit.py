@@ -2,13 +2,14 @@
 stage that records each request.
 
 `emit(record)` only appends the record (the request's line, made by `line_for`) to a
-bounded list (`audit.queueSize` records
-waiting) and returns; when the list is full the record is dropped and counted in
-`sidecar_audit_dropped_total`, so a slow sink can never slow requests down. A drain
-task takes the waiting records as one batch every `BATCH_SECONDS`, and a dedicated
-writer thread serializes and writes it to stdout (`audit.path: "-"`) or appends it to
-a file. (A plain list and an event, not an `asyncio.Queue`: a queue costs a few
-microseconds per record in futures and bookkeeping, on every request.)
+bounded list (`audit.queueSize` records waiting) and returns; when the list is full
+the record is dropped and counted in `sidecar_audit_dropped_total`, so a slow sink can
+never slow requests down. A drain task takes the waiting records as one batch every
+`BATCH_SECONDS`, and a dedicated writer thread writes it (encoding any record that is
+not a line yet) to stdout
+(`audit.path: "-"`) or appends it to a file. (A plain list and an event, not an
+`asyncio.Queue`: a queue costs a few microseconds per record in futures and
+bookkeeping, on every request.)
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ into the prometheus metrics. A flush runs before every scrape (a collector regis
 first in the registry), every `FLUSH_SECONDS` in the background and at shutdown, so a
 scrape of this process is always exact; with several workers, also whenever a worker's
 last request in flight ends, so another worker's values lag only while it is busy,
-and by at most `FLUSH_SECONDS`. (prometheus-client takes a lock per increment, and with several
-workers writes every value to a memory-mapped file: about a tenth of a cached read's
-CPU for the six series each request touches.)
+and by at most `FLUSH_SECONDS`. (prometheus-client takes a lock per increment, and
+with several workers writes every value to a memory-mapped file: about a tenth of a
+cached read's CPU for the six series each request touches.)
 
 With `--workers N` the parent process calls `enable_multiprocess` before forking:
 every worker then keeps its values in prometheus-client's multiprocess files in one
