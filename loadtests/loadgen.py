@@ -206,7 +206,6 @@ class _Exchange(asyncio.Protocol):
         self.waiter: asyncio.Future[tuple[int, str, bytes]] | None = None
         self.retry = ""
         self.body: list[bytes] = []
-        self.header = b""
         self.reusable = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
