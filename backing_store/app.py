@@ -9,12 +9,18 @@ resolve short paths; `assume_tenant` (off by default) stands in for a missing he
 
 Kubernetes client compatibility (DESIGN §10) lives in its own modules: discovery
 documents (`discovery.py`), selectors (`selectors.py`), `dryRun` (`dryrun.py`, run as a
-rolled-back transaction), PATCH types (`patch.py`) and JSON-only bodies (`bodies.py`).
+rolled-back transaction), PATCH types (`patch.py`, `strategic.py`), server-side apply
+and managedFields (`apply.py`), Table answers (`tables.py`), per-kind conversion
+(`conversion.py`: Secret `stringData`) and bodies (`bodies.py`). Here: the store sets
+`uid`, `creationTimestamp` and `resourceVersion` itself (a client's are ignored on
+create and cannot change later), and an immediate DELETE answers a `Status`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import json
 import logging
 import uuid
@@ -36,19 +42,22 @@ from sidecar.target import (
     parse_target,
 )
 
-from . import baremetal, discovery, tags
+from . import apply, baremetal, discovery, tags
 from .bodies import (
+    APPLY_PATCH,
     MAX_BODY_BYTES,
     check_media_type,
     json_response,
     raw_response,
+    read_apply,
     read_body,
     read_json,
     read_object,
 )
+from .conversion import convert
 from .dryrun import is_dry_run
 from .errors import StatusError, bad_request, not_found, tenant_not_found
-from .patch import JSON_PATCH, json_patch, merge_patch
+from .patch import JSON_PATCH, apply_patch, merge_patch
 from .resources import (
     ALLOCATIONS,
     CLUSTER,
@@ -65,7 +74,8 @@ from .resources import (
 )
 from .selectors import Selector, from_query, validate_labels
 from .storage import Clause, Obj, Store, decode_continue, dumps, encode_continue
-from .watch import Hub
+from .tables import TableFormat
+from .watch import Hub, Render, event_line
 
 log = logging.getLogger("backing_store")
 
@@ -146,6 +156,14 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _new_identity(obj: Obj) -> Obj:
+    """A new object's `uid` and `creationTimestamp`: the store's own, whatever was sent."""
+    meta = obj["metadata"]
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = now()
+    return obj
+
+
 class Service:
     def __init__(self, store: Store, hub: Hub, assume_tenant: str | None = None) -> None:
         self.store = store
@@ -164,11 +182,11 @@ class Service:
 
     def _create_tenant(self, name: str, obj: Obj) -> Obj:
         with self.store.tx():
-            obj = self._stamp(obj, TENANTS, None, None, name)
+            obj = _new_identity(self._stamp(obj, TENANTS, None, None, name))
             self.store.write(TENANTS.key(None, None, name), obj, create=True)
             for ns in INITIAL_NAMESPACES:
                 nobj: Obj = {"metadata": {"name": ns}}
-                nobj = self._stamp(nobj, NAMESPACES, name, None, ns)
+                nobj = _new_identity(self._stamp(nobj, NAMESPACES, name, None, ns))
                 self.store.write(NAMESPACES.key(name, None, ns), nobj, create=True)
         return obj
 
@@ -188,9 +206,12 @@ class Service:
             return StatusError(500, "internal error in the backing store").response()
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        # The sidecar names a list's target after its `fieldSelector` (for resourceNames
-        # rules); the store addresses by path alone and applies selectors itself.
-        target = parse_target(request.method, request.raw_path, _without_field_selector(request))
+        target = read_target(request)
+        if target.name_from_selector:
+            # The sidecar names a list's target after its `fieldSelector` (for
+            # resourceNames rules); the store addresses by path alone and applies
+            # selectors itself.
+            target = dataclasses.replace(target, name="")
         if not target.resource_request:
             return self._non_resource(request, target)
         write = request.method in _WRITE_METHODS
@@ -219,7 +240,7 @@ class Service:
         if request.method in ("GET", "HEAD") and path == "/openapi/v2":
             return web.Response(body=b"", content_type=discovery.OPENAPI_V2_PROTOBUF)
         if request.method in ("GET", "HEAD") and "%" not in path:
-            doc = discovery.document(path.strip("/").split("/"), request.host)
+            doc = discovery.document(path.strip("/").split("/"))
             if doc is not None:
                 return json_response(doc)
         raise StatusError(404, f"the server could not find the requested resource ({path})")
@@ -242,7 +263,7 @@ class Service:
             return await self._subresource(request, target, loc)
         verb = target.verb
         if verb == "get":
-            return self._get(loc)
+            return self._get(request, loc)
         if verb == "list":
             return self._list(request, loc)
         if verb == "watch":
@@ -309,10 +330,15 @@ class Service:
 
     # -- reads --------------------------------------------------------------------
 
-    def _get(self, loc: Loc) -> web.Response:
+    def _get(self, request: web.Request, loc: Loc) -> web.Response:
         raw = self.store.get_raw(loc.key)
         if raw is None:
             raise self._missing(loc)
+        table = TableFormat.of(request, loc.rt.plural)
+        if table is not None:
+            obj = json.loads(raw)
+            meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return json_response(table.table([obj], meta))
         return raw_response(raw)
 
     def _filters(self, request: web.Request, loc: Loc) -> ListFilter:
@@ -320,7 +346,7 @@ class Service:
         filters = tags.parse_filters(query)
         if filters and loc.rt is not SERVERS:
             raise bad_request("tag filters apply to servers only")
-        return ListFilter(query.get("owner") or None, filters, from_query(query))
+        return ListFilter(query.get("owner") or None, filters, from_query(query, loc.rt.plural))
 
     def _list(self, request: web.Request, loc: Loc) -> web.Response:
         query = request.query
@@ -331,6 +357,7 @@ class Service:
                 raise bad_request(f"limit must be a positive integer, not {text!r}")
             limit = int(text)
         filters = self._filters(request, loc)
+        table = TableFormat.of(request, loc.rt.plural)
         prefix = loc.prefix
         after = decode_continue(query["continue"], prefix) if query.get("continue") else None
         page = self.store.scan(
@@ -339,11 +366,21 @@ class Service:
         meta: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
         if page.more and page.last_key is not None:
             meta["continue"] = encode_continue(page.last_key)
+        if table is not None:
+            return json_response(table.table([json.loads(r) for r in page.rows], meta))
         head = dumps({"kind": loc.rt.list_kind, "apiVersion": loc.rt.api_version, "metadata": meta})
         return raw_response(head[:-1] + ',"items":[' + ",".join(page.rows) + "]}")
 
     async def _watch(self, request: web.Request, loc: Loc) -> web.StreamResponse:
         filters = self._filters(request, loc)
+        table = TableFormat.of(request, loc.rt.plural)
+        render: Render | None = None
+        if table is not None:
+
+            def render(event: str, obj: Obj) -> str:
+                assert table is not None
+                return event_line(event, table.table([obj], {}))
+
         timeout: float | None = None
         if "timeoutSeconds" in request.query:
             text = request.query["timeoutSeconds"]
@@ -368,8 +405,11 @@ class Service:
             page = self.store.scan(
                 prefix, owner=filters.owner, where=filters.clauses(), exact=exact
             )
-            initial = ['{"type":"ADDED","object":' + raw + "}\n" for raw in page.rows]
-        return await self.hub.stream(request, wants, timeout, initial)
+            if render is None:
+                initial = ['{"type":"ADDED","object":' + raw + "}\n" for raw in page.rows]
+            else:
+                initial = [render("ADDED", json.loads(raw)) for raw in page.rows]
+        return await self.hub.stream(request, wants, timeout, initial, render)
 
     # -- writes -------------------------------------------------------------------
 
@@ -390,8 +430,6 @@ class Service:
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", now())
         return obj
 
     def _check_body(self, obj: Obj, loc: Loc, *, name: str | None) -> str:
@@ -438,13 +476,21 @@ class Service:
             raise StatusError(
                 405, f"create {loc.rt.plural} in a {loc.rt.scope}: the URL names no {loc.rt.scope}"
             )
+        manager = apply.field_manager(request, apply=False)
         obj = await read_object(request)
         name = self._check_body(obj, loc, name=None)
-        item = Loc(loc.rt, loc.tenant, loc.namespace, name)
+        apply.forget_client_fields(obj)
+        convert(loc.rt.kind, obj)
+        apply.record_update(None, obj, loc.rt.kind, manager, loc.rt.api_version, now())
+        return self._insert(Loc(loc.rt, loc.tenant, loc.namespace, name), obj)
+
+    def _insert(self, item: Loc, obj: Obj) -> web.Response:
+        """Create `obj` (checked, converted, its managedFields set) at `item`: 201."""
+        name = item.name
         new_tags = tags.validate_tags(obj["tags"]) if "tags" in obj else None
-        if loc.rt is SERVERS:
+        if item.rt is SERVERS:
             obj["tags"] = new_tags or []
-        if loc.rt is TENANTS:
+        if item.rt is TENANTS:
             if name in RESERVED_TENANTS:
                 raise StatusError(
                     403, f"tenant {name!r} is reserved: it always exists and cannot be created"
@@ -453,44 +499,90 @@ class Service:
                 raise StatusError(409, f'tenants "{name}" already exists', "AlreadyExists")
             obj = self._create_tenant(name, obj)
             return json_response(obj, status=201)
-        self._require_namespace(loc)
+        self._require_namespace(item)
         if self.store.exists(item.key):
             raise StatusError(
                 409,
-                f'{loc.rt.plural} "{name}" already exists',
+                f'{item.rt.plural} "{name}" already exists',
                 "AlreadyExists",
-                details={"name": name, "kind": loc.rt.plural},
+                details={"name": name, "kind": item.rt.plural},
             )
-        obj = self._stamp(obj, loc.rt, loc.tenant, loc.namespace, name)
+        obj = _new_identity(self._stamp(obj, item.rt, item.tenant, item.namespace, name))
         with self.store.tx():
-            if loc.rt is ALLOCATIONS:
-                assert loc.tenant is not None
-                baremetal.allocate(self.store, loc.tenant, obj)
+            if item.rt is ALLOCATIONS:
+                assert item.tenant is not None
+                baremetal.allocate(self.store, item.tenant, obj)
             self.store.write(item.key, obj, create=True, tags=new_tags)
         return json_response(obj, status=201)
 
     async def _update(self, request: web.Request, loc: Loc, *, patch: bool) -> web.Response:
         if not loc.name:
             raise StatusError(405, f"{request.method} needs an item, not a collection")
-        json_ops = patch and request.content_type == JSON_PATCH
+        ctype = request.content_type
+        if patch and ctype == APPLY_PATCH:
+            return await self._apply(request, loc)
+        if patch:
+            apply.refuse_force(request)
+        manager = apply.field_manager(request, apply=False)
+        json_ops = patch and ctype == JSON_PATCH
         body: Any = await (read_json(request) if json_ops else read_object(request))
         current = self.store.get(loc.key)
         if current is None:
             raise self._missing(loc)
-        cur_meta = current["metadata"]
         if json_ops:
             # a JSON patch states its preconditions with `test` operations
             want_rv = None
-            obj = json_patch(current, body)
+            obj = apply_patch(ctype, current, body, loc.rt.kind)
             sets_tags = isinstance(obj, dict) and obj.get("tags") != current.get("tags")
         else:
             body_meta = body.get("metadata")
             want_rv = body_meta.get("resourceVersion") if isinstance(body_meta, dict) else None
-            obj = merge_patch(current, body) if patch else body
+            obj = apply_patch(ctype, current, body, loc.rt.kind) if patch else body
             sets_tags = "tags" in body
         if not isinstance(obj, dict):
             raise bad_request("the patched object is not a JSON object")
         self._check_body(obj, loc, name=loc.name)
+        apply.forget_client_fields(obj)
+        convert(loc.rt.kind, obj)
+        return self._replace(loc, current, obj, want_rv, sets_tags, manager)
+
+    async def _apply(self, request: web.Request, loc: Loc) -> web.Response:
+        """Server-side apply (`apply.py`): creates a missing object (201)."""
+        manager = apply.field_manager(request, apply=True)
+        force = apply.force(request)
+        body = await read_apply(request)
+        rt = loc.rt
+        if (body.get("apiVersion"), body.get("kind")) != (rt.api_version, rt.kind):
+            raise bad_request(
+                f"an apply body is the whole object: apiVersion {rt.api_version!r} and kind "
+                f"{rt.kind!r}, not {body.get('apiVersion')!r} and {body.get('kind')!r}"
+            )
+        meta = body.get("metadata")
+        if isinstance(meta, dict) and meta.get("managedFields") is not None:
+            raise bad_request("metadata.managedFields must be nil in an apply body")
+        self._check_body(body, loc, name=loc.name)
+        current = self.store.get(loc.key)
+        obj = apply.apply(current, body, rt.kind, manager, rt.api_version, now(), force=force)
+        convert(rt.kind, obj)
+        if current is None:
+            return self._insert(loc, obj)
+        if obj == current:
+            return json_response(current)  # nothing changed: nothing stored
+        want_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return self._replace(loc, current, obj, want_rv, "tags" in body, None)
+
+    def _replace(
+        self,
+        loc: Loc,
+        current: Obj,
+        obj: Obj,
+        want_rv: Any,
+        sets_tags: bool,
+        manager: str | None,
+    ) -> web.Response:
+        """Store `obj` (checked, converted) in place of `current`: 200. `manager` records
+        an Update; None means `obj` carries its managedFields already (an apply)."""
+        cur_meta = current["metadata"]
         if want_rv not in (None, "") and str(want_rv) != cur_meta["resourceVersion"]:
             raise StatusError(
                 409,
@@ -506,20 +598,41 @@ class Service:
             else:
                 obj["tags"] = current.get("tags") or []
         meta = obj["metadata"]
-        meta["uid"] = cur_meta.get("uid")
-        meta["creationTimestamp"] = cur_meta.get("creationTimestamp")
+        for field in ("uid", "creationTimestamp"):  # set on create, never changed
+            if field in cur_meta:
+                meta[field] = cur_meta[field]
+            else:
+                meta.pop(field, None)
         obj = self._stamp(obj, loc.rt, loc.tenant, loc.namespace, loc.name)
+        if manager is not None:
+            apply.record_update(current, obj, loc.rt.kind, manager, loc.rt.api_version, now())
         self.store.write(loc.key, obj, create=False, tags=new_tags)
         return json_response(obj)
 
     def _delete(self, loc: Loc) -> web.Response:
+        """An immediate delete answers a success `Status`, as Kubernetes does."""
         if loc.rt is TENANTS and loc.name in RESERVED_TENANTS:
             raise StatusError(
                 403, f"tenant {loc.name!r} is reserved: it always exists and cannot be deleted"
             )
         with self.store.tx():
             obj = self._delete_one(loc)
-        return json_response(obj)
+        details: dict[str, Any] = {"name": loc.name}
+        if loc.rt.group:
+            details["group"] = loc.rt.group
+        details["kind"] = loc.rt.plural
+        uid = (obj.get("metadata") or {}).get("uid")
+        if uid:
+            details["uid"] = uid
+        return json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": details,
+            }
+        )
 
     def _delete_one(self, loc: Loc) -> Obj:
         """Delete one object and everything it contains (inside a transaction)."""
@@ -595,17 +708,36 @@ class Service:
             return json_response(current)
         if request.method not in ("PUT", "PATCH"):
             raise StatusError(405, f"{request.method} is not allowed on status")
-        if request.method == "PATCH" and request.content_type == JSON_PATCH:
-            patched = json_patch(current, await read_json(request))
+        ctype = request.content_type
+        if request.method == "PATCH" and ctype == APPLY_PATCH:
+            raise StatusError(
+                415,
+                "server-side apply is served on objects, not on their status subresource: "
+                "patch the status with JSON (a merge, strategic merge or JSON patch)",
+            )
+        manager = apply.field_manager(request, apply=False)
+        if request.method == "PATCH":
+            body: Any = await (read_json(request) if ctype == JSON_PATCH else read_object(request))
+            patched = apply_patch(ctype, current, body, loc.rt.kind)
             status = patched.get("status") if isinstance(patched, dict) else None
         else:
-            body = await read_object(request)
-            status = body.get("status")
-            if request.method == "PATCH":
-                status = merge_patch(current.get("status"), status)
-        current["status"] = status
-        self.store.write(loc.key, current, create=False)
-        return json_response(current)
+            status = (await read_object(request)).get("status")
+        new = copy.deepcopy(current)
+        new["status"] = status
+        kind, version = loc.rt.kind, loc.rt.api_version
+        apply.record_update(current, new, kind, manager, version, now(), subresource="status")
+        self.store.write(loc.key, new, create=False)
+        return json_response(new)
+
+
+# Request lines, header fields and header counts the store accepts: above what the
+# sidecar forwards with its default limits (a 64 KiB target, re-encoded; header fields
+# up to `limits.maxHeaderBytes`, 32 KiB; a client's 128 headers plus one X-Remote-Group
+# per group of a 16 KiB token), so nothing the sidecar accepted is refused here for its
+# size. aiohttp's defaults (8190 bytes) refused 8-16 KiB JWTs, quoting the token.
+MAX_LINE_BYTES = 256 * 1024
+MAX_FIELD_BYTES = 64 * 1024
+MAX_HEADERS = 8192
 
 
 def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
@@ -617,7 +749,14 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
     hub = Hub()
     store.listeners.append(hub.publish)
     service = Service(store, hub, assume_tenant)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        handler_args={
+            "max_line_size": MAX_LINE_BYTES,
+            "max_field_size": MAX_FIELD_BYTES,
+            "max_headers": MAX_HEADERS,
+        },
+    )
     app[STORE_KEY] = store
     app[HUB_KEY] = hub
     app.router.add_route("*", "/{tail:.*}", service.handle)
@@ -633,10 +772,11 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
     return app
 
 
-__all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json"]
+__all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json", "read_target"]
 
 
-def _without_field_selector(request: web.Request) -> str:
-    return "&".join(
-        part for part in request.query_string.split("&") if not part.startswith("fieldSelector=")
-    )
+def read_target(request: web.BaseRequest) -> RequestTarget:
+    """The store's reading of a request target: the path by the URL grammar it shares
+    with the sidecar, the query exactly as aiohttp decodes it (`request.query`), which
+    is what every handler here reads its parameters from."""
+    return parse_target(request.method, request.raw_path, query_pairs=list(request.query.items()))

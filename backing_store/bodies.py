@@ -1,20 +1,34 @@
 """Request and response bodies of the backing store: JSON in, JSON out, Status errors.
 
-The store reads JSON only (DESIGN §10): a request body whose `Content-Type` is not a
-JSON type (`application/json` and the three JSON patch types) is 415, before the body
-is read: a Kubernetes protobuf or CBOR body, `text/plain`, YAML apply patches. A body
-without `Content-Type` is read as JSON (so `curl -d '{...}'` works)."""
+The store reads JSON (DESIGN §10): a request body whose `Content-Type` is not a JSON
+type (`application/json` and the three JSON patch types) is 415, before the body is
+read: a Kubernetes protobuf or CBOR body, `text/plain`, forms. The one exception is
+server-side apply (`PATCH` with `application/apply-patch+yaml`), whose body is YAML or
+JSON (`read_apply`). A body without `Content-Type` is read as JSON (so `curl -d '{...}'`
+works).
+
+Every body is checked before any handler sees it (`_check_tree`): at most
+`MAX_DEPTH` levels of nesting, and no string that is not valid Unicode (a JSON
+`"\\udfff"` escape decodes to a lone surrogate that no answer or SQLite row could
+hold); either is a 400, never a 500 later on.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from .errors import StatusError, bad_request
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+# Kubernetes objects nest a couple of dozen levels at most; a limit keeps every
+# recursive walk over a body (patches, managed fields) far from Python's own.
+MAX_DEPTH = 100
+APPLY_PATCH = "application/apply-patch+yaml"
 JSON_TYPES = frozenset(
     {
         "application/json",
@@ -30,6 +44,8 @@ def check_media_type(request: web.Request) -> None:
     if "Content-Type" not in request.headers or not request.body_exists:
         return
     ctype = request.content_type
+    if ctype == APPLY_PATCH and request.method == "PATCH":
+        return
     if ctype not in JSON_TYPES:
         raise StatusError(
             415,
@@ -51,9 +67,13 @@ async def read_json(request: web.Request) -> Any:
     if not raw.strip():
         raise bad_request("the request needs a JSON body")
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
+    _check_tree(body)
+    return body
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
@@ -61,6 +81,120 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     return body
+
+
+async def read_apply(request: web.Request) -> dict[str, Any]:
+    """The body of a server-side apply: a YAML (or JSON) mapping, as JSON values.
+
+    As Kubernetes (sigs.k8s.io/yaml) reads it: timestamps stay strings, and keys that
+    YAML reads as numbers, booleans or null become their text."""
+    raw = await read_body(request)
+    if not raw.strip():
+        raise bad_request("an apply patch needs a YAML or JSON body (the whole object)")
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError):
+        body = _load_yaml(raw)
+    except RecursionError:
+        raise _too_deep() from None
+    if not isinstance(body, dict):
+        raise bad_request("an apply patch must be a YAML or JSON object (the whole object)")
+    _check_tree(body)
+    return body
+
+
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
+
+
+class _ApplyLoader(_SafeLoader):  # type: ignore[misc]
+    """Safe YAML without the timestamp type (a date is a string in JSON)."""
+
+
+_ApplyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _load_yaml(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+        return _as_json(yaml.load(text, Loader=_ApplyLoader), 0, [_MAX_NODES])
+    except UnicodeDecodeError:
+        raise bad_request("the apply body is not UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise bad_request(f"the apply body is not valid YAML or JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
+
+
+# A body can hold at most one value per byte; more means YAML aliases are expanding it.
+_MAX_NODES = MAX_BODY_BYTES
+
+
+def _as_json(value: Any, depth: int, budget: list[int]) -> Any:
+    """A YAML document as JSON values: text keys, no NaN/infinity, no binary or dates."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise bad_request("the apply body expands to more values than its size allows")
+    if depth > MAX_DEPTH:
+        raise _too_deep()
+    if isinstance(value, dict):
+        return {_key_text(k): _as_json(v, depth + 1, budget) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_json(v, depth + 1, budget) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request("the apply body holds a number JSON cannot represent")
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    raise bad_request(f"the apply body holds a YAML {type(value).__name__}, not a JSON value")
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int | float):
+        return str(key)
+    raise bad_request("the apply body has a map key that is not a scalar")
+
+
+def _check_tree(body: Any) -> None:
+    """400 for a body nested deeper than MAX_DEPTH or holding invalid Unicode text."""
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if depth >= MAX_DEPTH:
+                raise _too_deep()
+            for key, item in value.items():
+                _check_text(key)
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            if depth >= MAX_DEPTH:
+                raise _too_deep()
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _check_text(value)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(
+            "the body holds a string that is not valid Unicode (a lone UTF-16 surrogate "
+            "such as \\udfff)"
+        ) from None
+
+
+def _too_deep() -> StatusError:
+    return bad_request(f"the body nests deeper than {MAX_DEPTH} levels")
 
 
 def _reject_constant(name: str) -> Any:

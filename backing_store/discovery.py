@@ -86,13 +86,14 @@ def _group(group: str, versions: list[str]) -> dict[str, Any]:
     }
 
 
-def api_versions(server_address: str) -> dict[str, Any]:
+def api_versions() -> dict[str, Any]:
+    # No address: the store's own is internal (behind the sidecar) and every client
+    # reaches the server where it already is. Clients accept the empty list (the
+    # Python client requires the field, not an entry).
     return {
         "kind": "APIVersions",
         "versions": _group_versions().get("", []),
-        "serverAddressByClientCIDRs": [
-            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
-        ],
+        "serverAddressByClientCIDRs": [],
     }
 
 
@@ -142,14 +143,14 @@ def version_info() -> dict[str, str]:
     }
 
 
-def document(segments: list[str], server_address: str) -> dict[str, Any] | None:
+def document(segments: list[str]) -> dict[str, Any] | None:
     """The discovery document at this (already decoded) path, None if it is not one."""
     doc: dict[str, Any] | None = None
     match segments:
         case ["version"]:
             doc = version_info()
         case ["api"]:
-            doc = api_versions(server_address)
+            doc = api_versions()
         case ["api", version]:
             doc = api_resource_list("", version)
         case ["apis"]:

@@ -111,6 +111,12 @@ _TABLE: list[ResourceType] = [
         ("srv",),
         subresources=(("tags", "ServerTags", ("get", "update", "delete")),),
     ),
+    # The rest of what `kubectl create` generators make (DESIGN §10, protobuf kinds).
+    ResourceType(
+        "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", NAMESPACE, ("pdb",)
+    ),
+    ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", CLUSTER, ("pc",)),
+    ResourceType("networking.k8s.io", "v1", "ingresses", "Ingress", NAMESPACE, ("ing",)),
     ResourceType("baremetal", "v1", "allocations", "Allocation", TENANT),
     ResourceType("container", "v1", "bays", "Bay", NAMESPACE),
 ]

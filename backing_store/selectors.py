@@ -2,8 +2,12 @@
 
 The grammars are Kubernetes' own (k8s.io/apimachinery `fields` and `labels`):
 - fieldSelector: comma-ANDed `field=value`, `field==value`, `field!=value`; `\\,`, `\\=`
-  and `\\\\` escape inside values. Fields: `metadata.name`, `metadata.namespace` (the
-  empty string for objects that are not namespace-scoped). Any other field → 400.
+  and `\\\\` escape inside values. The selectable fields are Kubernetes' own, per
+  resource (`SELECTABLE` below, from each kind's field-label conversion function):
+  `metadata.name` and `metadata.namespace` (the empty string for objects that are not
+  namespace-scoped) everywhere, plus e.g. `involvedObject.*`, `reason`, `type` on events
+  and `spec.nodeName`, `status.phase` on pods, which `kubectl describe` sends. Any other
+  field → 400 worded as Kubernetes words it for that kind.
 - labelSelector: comma-ANDed `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a)`, `k`
   (has the label), `!k` (has not). `k!=v` and `k notin (…)` also match objects without
   the label, as in Kubernetes. Keys and values follow the label syntax rules (a value
@@ -19,12 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .errors import bad_request
 from .storage import Clause
 
-FIELDS = ("metadata.name", "metadata.namespace")
 MAX_LABEL_VALUE = 63
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -68,19 +71,161 @@ def validate_labels(labels: object) -> None:
             raise bad_request(f"metadata.labels: {error}")
 
 
+# -- selectable fields ------------------------------------------------------------------
+
+FieldKind = Literal["text", "bool", "int"]
+_INT64 = 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """How a selectable field reads an object, as Kubernetes renders it for matching:
+    the first non-empty string at `paths` (or ""); a bool as "true"/"false"; an int as
+    its decimal digits ("0" when absent). SQL (`sql`) and Python (`value`) agree."""
+
+    paths: tuple[str, ...]
+    kind: FieldKind = "text"
+
+    def sql(self) -> Clause:
+        params: list[object] = []
+        if self.kind == "bool":
+            params.append(_json_path(self.paths[0]))
+            return ("(CASE json_type(o.data, ?) WHEN 'true' THEN 'true' ELSE 'false' END)", params)
+        if self.kind == "int":
+            params += [_json_path(self.paths[0])] * 2
+            expr = (
+                "(CASE json_type(o.data, ?) WHEN 'integer' "
+                "THEN CAST(json_extract(o.data, ?) AS TEXT) ELSE '0' END)"
+            )
+            return (expr, params)
+        parts = []
+        for path in self.paths:
+            parts.append(
+                "nullif(CASE json_type(o.data, ?) WHEN 'text' THEN json_extract(o.data, ?) END, '')"
+            )
+            params += [_json_path(path)] * 2
+        return (f"coalesce({', '.join(parts)}, '')", params)
+
+    def value(self, obj: Mapping[str, Any]) -> str:
+        if self.kind == "bool":
+            return "true" if _at(obj, self.paths[0]) is True else "false"
+        if self.kind == "int":
+            got = _at(obj, self.paths[0])
+            in_range = type(got) is int and -_INT64 <= got < _INT64
+            return str(got) if in_range else "0"
+        for path in self.paths:
+            got = _at(obj, path)
+            if isinstance(got, str) and got:
+                return got
+        return ""
+
+
+def _json_path(dotted: str) -> str:
+    return "$." + dotted
+
+
+def _at(obj: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = obj
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+@dataclass(frozen=True, slots=True)
+class Selectable:
+    """The fields one resource can be selected by, and how Kubernetes words a refusal."""
+
+    fields: Mapping[str, Field]
+    refusal: str  # str.format with `label`
+
+
+_TEXT = Field  # a plain string field at one path: `_TEXT(("spec.nodeName",))`
+_META = {
+    "metadata.name": _TEXT(("metadata.name",)),
+    "metadata.namespace": _TEXT(("metadata.namespace",)),
+}
+# Core kinds with a conversion function of their own (k8s.io/kubernetes
+# pkg/apis/core/v1/conversion.go) word it so; every other kind gets the fallback of
+# k8s.io/apimachinery runtime.DefaultMetaV1FieldSelectorConversion.
+_CORE = "field label not supported: {label}"
+_DEFAULT = '"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+
+
+def _core(**fields: Field) -> Selectable:
+    return Selectable({**_META, **{k.replace("__", "."): v for k, v in fields.items()}}, _CORE)
+
+
+# The one table of selectable fields, by resource plural (kubectl's `describe` sends the
+# event and pod ones). `metadata.namespace` is kept on every resource, cluster-scoped
+# ones included, where Kubernetes' nodes and namespaces would refuse it.
+SELECTABLE: dict[str, Selectable] = {
+    "events": Selectable(
+        {
+            **_META,
+            **{
+                f"involvedObject.{f}": _TEXT((f"involvedObject.{f}",))
+                for f in (
+                    "kind",
+                    "namespace",
+                    "name",
+                    "uid",
+                    "apiVersion",
+                    "resourceVersion",
+                    "fieldPath",
+                )
+            },
+            "reason": _TEXT(("reason",)),
+            "reportingComponent": _TEXT(("reportingComponent",)),
+            # the event's source component, else the reporting controller
+            "source": _TEXT(("source.component", "reportingComponent")),
+            "type": _TEXT(("type",)),
+        },
+        _CORE,
+    ),
+    "pods": _core(
+        spec__nodeName=_TEXT(("spec.nodeName",)),
+        spec__host=_TEXT(("spec.nodeName",)),  # the old v1 name of spec.nodeName
+        spec__restartPolicy=_TEXT(("spec.restartPolicy",)),
+        spec__schedulerName=_TEXT(("spec.schedulerName",)),
+        spec__serviceAccountName=_TEXT(("spec.serviceAccountName",)),
+        spec__hostNetwork=Field(("spec.hostNetwork",), "bool"),
+        status__phase=_TEXT(("status.phase",)),
+        status__podIP=_TEXT(("status.podIP",)),
+        status__nominatedNodeName=_TEXT(("status.nominatedNodeName",)),
+    ),
+    "nodes": _core(spec__unschedulable=Field(("spec.unschedulable",), "bool")),
+    "namespaces": _core(status__phase=_TEXT(("status.phase",))),
+    "secrets": _core(type=_TEXT(("type",))),
+    "services": _core(spec__clusterIP=_TEXT(("spec.clusterIP",)), spec__type=_TEXT(("spec.type",))),
+    "replicationcontrollers": _core(status__replicas=Field(("status.replicas",), "int")),
+    "replicasets": _core(status__replicas=Field(("status.replicas",), "int")),
+    "jobs": Selectable(
+        {**_META, "status.successful": Field(("status.successful",), "int")},
+        'field label "{label}" not supported for batchv1.Job',
+    ),
+}
+_FALLBACK = Selectable(_META, _DEFAULT)
+
+
+def selectable(plural: str) -> Selectable:
+    return SELECTABLE.get(plural, _FALLBACK)
+
+
 @dataclass(frozen=True, slots=True)
 class FieldTerm:
     field: str
     equal: bool
     value: str
+    reader: Field
 
     def clause(self) -> Clause:
-        op = "=" if self.equal else "!="
-        return (f"coalesce(json_extract(o.data, ?), '') {op} ?", [f"$.{self.field}", self.value])
+        expr, params = self.reader.sql()
+        return (f"{expr} {'=' if self.equal else '!='} ?", [*params, self.value])
 
-    def matches(self, meta: Mapping[str, Any]) -> bool:
-        got = meta.get(self.field.split(".", 1)[1]) or ""
-        return (got == self.value) == self.equal
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        return (self.reader.value(obj) == self.value) == self.equal
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +273,15 @@ class Selector:
         meta = meta if isinstance(meta, dict) else {}
         labels = meta.get("labels")
         labels = labels if isinstance(labels, dict) else {}
-        return all(t.matches(meta) for t in self.fields) and all(
+        return all(t.matches(obj) for t in self.fields) and all(
             t.matches(labels) for t in self.labels
         )
 
 
-def from_query(query: Mapping[str, str]) -> Selector:
-    """The selectors of a list/watch query; 400 for a malformed or unsupported one."""
-    fields = parse_field_selector(query.get("fieldSelector", ""))
+def from_query(query: Mapping[str, str], plural: str) -> Selector:
+    """The selectors of a list/watch query on `plural`; 400 for a malformed one or a
+    field that resource cannot be selected by."""
+    fields = parse_field_selector(query.get("fieldSelector", ""), plural)
     labels = parse_label_selector(query.get("labelSelector", ""))
     name = next((t.value for t in fields if t.field == "metadata.name" and t.equal), None)
     return Selector(fields, labels, name)
@@ -144,7 +290,8 @@ def from_query(query: Mapping[str, str]) -> Selector:
 # -- fieldSelector ---------------------------------------------------------------------
 
 
-def parse_field_selector(text: str) -> tuple[FieldTerm, ...]:
+def parse_field_selector(text: str, plural: str) -> tuple[FieldTerm, ...]:
+    table = selectable(plural)
     terms: list[FieldTerm] = []
     for raw in _split_unescaped(text, ","):
         if not raw:
@@ -156,11 +303,10 @@ def parse_field_selector(text: str) -> tuple[FieldTerm, ...]:
         else:
             raise bad_request(f"invalid field selector {text!r}: can't understand {raw!r}")
         name, value = raw[:at], _unescape(raw[at + len(op) :], text)
-        if name not in FIELDS:
-            raise bad_request(
-                f"field label not supported: {name!r} (supported: {', '.join(FIELDS)})"
-            )
-        terms.append(FieldTerm(name, op != "!=", value))
+        reader = table.fields.get(name)
+        if reader is None:
+            raise bad_request(table.refusal.format(label=name))
+        terms.append(FieldTerm(name, op != "!=", value, reader))
     return tuple(terms)
 
 

@@ -6,6 +6,8 @@ Kubernetes API server closes a slow watch) rather than slowing writers down.
 A watch with a filter (selectors, owner, tags) sees what a Kubernetes watch sees when
 an update moves an object across the filter: `ADDED` when it starts to match,
 `DELETED` (with the object's new state) when it stops, `MODIFIED` while it matches.
+A watcher with a `render` function writes its own event lines (a `Table` per event for
+`kubectl get --watch`); the others share one line per event type.
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ from typing import Any
 from aiohttp import web
 
 QUEUE_SIZE = 10_000
+CLIENT_CHECK_SECONDS = 1.0
 _CLOSE = None
 
 Predicate = Callable[[str, dict[str, Any]], bool]
+# (event type, object) -> the event's line, newline included
+Render = Callable[[str, dict[str, Any]], str]
+
+
+def event_line(event: str, obj: dict[str, Any]) -> str:
+    return json.dumps({"type": event, "object": obj}, separators=(",", ":")) + "\n"
 
 
 class Watcher:
-    def __init__(self, wants: Predicate) -> None:
+    def __init__(self, wants: Predicate, render: Render | None = None) -> None:
         self.wants = wants
+        self.render = render
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
 
 
@@ -55,11 +65,12 @@ class Hub:
             event = _event_for(w.wants, kind, key, obj, old)
             if event is None:
                 continue
-            line = lines.get(event)
-            if line is None:
-                line = lines[event] = (
-                    json.dumps({"type": event, "object": obj}, separators=(",", ":")) + "\n"
-                )
+            if w.render is not None:
+                line = w.render(event, obj)
+            else:
+                if event not in lines:
+                    lines[event] = event_line(event, obj)
+                line = lines[event]
             try:
                 w.queue.put_nowait(line)
             except asyncio.QueueFull:
@@ -80,11 +91,12 @@ class Hub:
         wants: Predicate,
         seconds: float | None,
         initial: list[str] | None = None,
+        render: Render | None = None,
     ) -> web.StreamResponse:
         """Serve one watch until the client leaves, the timeout ends it, or shutdown.
 
         `initial` lines (events for the current state) go out before any change."""
-        watcher = Watcher(wants)
+        watcher = Watcher(wants, render)
         self.watchers.add(watcher)
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
@@ -95,11 +107,20 @@ class Hub:
             loop = asyncio.get_running_loop()
             deadline = None if seconds is None else loop.time() + seconds
             while True:
-                wait = None if deadline is None else max(0.0, deadline - loop.time())
+                # A watch with no events still notices its client leaving: it wakes up
+                # every CLIENT_CHECK_SECONDS to look at the connection.
+                wait = CLIENT_CHECK_SECONDS
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - loop.time()))
                 try:
                     line = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
-                    break
+                    transport = request.transport
+                    if transport is None or transport.is_closing():
+                        break
+                    if deadline is not None and loop.time() >= deadline:
+                        break
+                    continue
                 if line is _CLOSE:
                     break
                 await resp.write(line.encode())

@@ -1,9 +1,9 @@
 """Run one load scenario headless: `python loadtests/run.py SCENARIO [--seconds N] [--out DIR]`.
 
-Scenarios: limits, noisy-neighbour, quota-race, mix (see loadtests/scenarios.py), or
-`all`. Everything the scenario starts runs on 127.0.0.1 and is stopped before the
-command returns. Exit status: 0 when the run completed (1 with `--check` when a
-target was missed), 2 on a usage error or a failed start.
+Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists (see
+loadtests/scenarios.py), or `all`. Everything the scenario starts runs on 127.0.0.1 and
+is stopped before the command returns. Exit status: 0 when the run completed (1 with
+`--check` when a target was missed), 2 on a usage error or a failed start.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ if __package__ in (None, ""):  # run as a script: make `loadtests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.scenarios import DEFAULT_SECONDS, SCENARIOS, Options
+from sidecar.redis_client import RedisUrlError, parse_redis_url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +57,22 @@ def main(argv: list[str] | None = None) -> int:
         "(default 10; DESIGN §11 also names 40)",
     )
     parser.add_argument(
+        "--ledger",
+        default=None,
+        metavar="URL",
+        help="quota-race: race on this ledger only: sqlite:///path, redis://…, "
+        "redis+cluster://H:P,H:P or redis+sentinel://H:P,H:P/SERVICE (rediss… for TLS); "
+        "default SQLite, then the Redis at LOADTEST_REDIS",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 when a scenario misses its target"
     )
     args = parser.parse_args(argv)
+    if args.ledger and not args.ledger.startswith("sqlite:///"):
+        try:
+            parse_redis_url(args.ledger)
+        except RedisUrlError as exc:
+            parser.error(f"--ledger: {exc}")
     if args.seconds is not None and not 0 < args.seconds <= 600:
         parser.error("--seconds must be in (0, 600]")
     if args.scale <= 0:
@@ -74,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[name]
         try:
-            opts = Options(seconds, args.scale, args.workers, args.global_tier, args.factor)
+            opts = Options(
+                seconds, args.scale, args.workers, args.global_tier, args.factor, args.ledger
+            )
             text, ok = SCENARIOS[name](out, opts)
         except RuntimeError as exc:
             print(f"{name}: could not run: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The load scenarios: `limits`, `noisy-neighbour`, `quota-race` and `mix`.
+"""The load scenarios: `limits`, `noisy-neighbour`, `quota-race`, `mix` and `big-lists`
+(loadtests/big_lists.py).
 
 Each scenario starts what it needs through a `Stack` (backing store, sidecar(s) with
 a scenario policy and token file written into `OUT/work-SCENARIO/`), offers load,
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import report
+from loadtests.big_lists import big_lists
 from loadtests.loadgen import (
     Record,
     RequestSpec,
@@ -49,6 +51,8 @@ from loadtests.stack import (
     servers_path,
     tokens_for,
 )
+from sidecar.redact import redact_url
+from sidecar.redis_client import open_redis, tenant_key
 
 REDIS_URL = os.environ.get("LOADTEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -64,6 +68,8 @@ class Options:
     global_tier: bool = False
     # noisy-neighbour: the noisy tenant offers this many times its limit.
     factor: float = 10.0
+    # quota-race: the one ledger to race on (any URL form); None = SQLite, then Redis.
+    ledger: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -353,35 +359,36 @@ def noisy_neighbour(out: Path, opts: Options) -> tuple[str, bool]:
 # ------------------------------------------------------------------------ quota-race
 
 
-def _redis_available() -> bool:
-    import redis
+def _redis_available(url: str) -> bool:
+    """Whether every master of the Redis at `url` (any topology) answers."""
 
-    try:
-        client = redis.Redis.from_url(REDIS_URL, socket_timeout=1)
+    async def check() -> bool:
+        handle = open_redis(url, timeout=1)
         try:
-            return bool(client.ping())
+            ok, _state = await handle.state()
+            return ok
         finally:
-            client.close()
-    except redis.RedisError:
-        return False
+            await handle.close()
+
+    return asyncio.run(check())
 
 
-def _redis_cleanup(tenants: list[str]) -> int:
-    """Delete the ledger keys of this run's tenants (and only those)."""
-    import redis
+def _redis_cleanup(url: str, tenants: list[str]) -> int:
+    """Delete the ledger keys of this run's tenants (and only those), on every master."""
 
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
-    removed = 0
-    try:
-        for t in tenants:
-            for pattern in (f"{LEDGER_PREFIX}{{{t}}}*", f"{LEDGER_PREFIX}{t}:*"):
-                keys = list(client.scan_iter(match=pattern, count=500))
-                if keys:
-                    removed += int(client.delete(*keys))
-            client.srem(f"{LEDGER_PREFIX}tenants", t)
-    finally:
-        client.close()
-    return removed
+    async def clean() -> int:
+        handle = open_redis(url, timeout=2)
+        removed = 0
+        try:
+            for t in tenants:
+                keys = [k async for k in handle.scan(tenant_key(LEDGER_PREFIX, t, "*"))]
+                for key in keys:  # one by one: a cluster's keys span slots
+                    removed += int(await handle.client.delete(key))
+        finally:
+            await handle.close()
+        return removed
+
+    return asyncio.run(clean())
 
 
 async def _race(
@@ -527,14 +534,24 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
     limit = max(3, round(20 * scale))
     creates = max(12, round(200 * scale))
     sidecars = 3
-    backends = ["sqlite"]
     skipped = ""
-    if _redis_available():
-        backends.append("redis")
+    # backend label → its ledger URL ("" for SQLite in the work directory)
+    backends: dict[str, str] = {}
+    if opts.ledger:
+        label = opts.ledger.partition("://")[0] if "://" in opts.ledger else "sqlite"
+        backends[label] = "" if opts.ledger.startswith("sqlite:") else opts.ledger
+        if backends[label] and not _redis_available(opts.ledger):
+            raise RuntimeError(f"the ledger {redact_url(opts.ledger)} does not answer")
     else:
-        skipped = f"redis: skipped, no Redis at {REDIS_URL}"
+        backends["sqlite"] = ""
+        if _redis_available(REDIS_URL):
+            backends["redis"] = REDIS_URL
+        else:
+            skipped = f"redis: skipped, no Redis at {redact_url(REDIS_URL)}"
     tenant_of = {
-        (b, k): f"race{'k' if k else ''}-{b}-{opts.run_id}" for b in backends for k in (False, True)
+        (b, k): f"race{'k' if k else ''}-{b.replace('+', '-')}-{opts.run_id}"
+        for b in backends
+        for k in (False, True)
     }
     tenants = list(tenant_of.values())
     rows: list[dict[str, Any]] = []
@@ -562,10 +579,13 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
         policies = stack.write_policies(docs)
         tokens = stack.write_tokens(tokens_for(tenants))
         try:
-            for backend in backends:
-                ledger = (
-                    f"sqlite:///{stack.work / 'ledger.db'}" if backend == "sqlite" else REDIS_URL
-                )
+            for backend, url in backends.items():
+                if url:
+                    ledger = url
+                elif opts.ledger:
+                    ledger = opts.ledger
+                else:
+                    ledger = f"sqlite:///{stack.work / 'ledger.db'}"
                 for kill in (False, True):
                     row, got = _race_round(
                         stack,
@@ -583,8 +603,9 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
                     rows.append(row)
                     records += got
         finally:
-            if "redis" in backends:
-                _redis_cleanup([t for (b, _k), t in tenant_of.items() if b == "redis"])
+            for backend, url in backends.items():
+                if url:
+                    _redis_cleanup(url, [t for (b, _k), t in tenant_of.items() if b == backend])
     all_ok = bool(rows) and all(bool(r["pass"]) for r in rows)
     report.write_rows(out / "quota-race.csv", rows)
     report.write_records(out / "quota-race-requests.csv", records)
@@ -609,12 +630,12 @@ def quota_race(out: Path, opts: Options) -> tuple[str, bool]:
         "",
     ]
     lines.append(
-        f"{'backend':7} {'round':8} {'201':>4} {'limit':>5} {'403q':>5} {'other':>5} "
+        f"{'backend':14} {'round':8} {'201':>4} {'limit':>5} {'403q':>5} {'other':>5} "
         f"{'store':>5} {'used':>5} {'inprog':>6} {'used*':>5} {'inprog*':>7}  verdict"
     )
     for r in rows:
         lines.append(
-            f"{r['backend']:7} {r['round'].split('+')[0]:8} {r['admitted']:4d} {r['limit']:5d} "
+            f"{r['backend']:14} {r['round'].split('+')[0]:8} {r['admitted']:4d} {r['limit']:5d} "
             f"{r['refused_quota_exceeded']:5d} {r['other']:5d} {r['store_objects']:5d} "
             f"{r['ledger_used']:5d} {r['ledger_in_progress']:6d} "
             f"{r.get('used_after_reconcile', ''):>5} {r.get('in_progress_after_ttl', ''):>7}  "
@@ -756,5 +777,12 @@ SCENARIOS: dict[str, Callable[[Path, Options], tuple[str, bool]]] = {
     "noisy-neighbour": noisy_neighbour,
     "quota-race": quota_race,
     "mix": mix,
+    "big-lists": big_lists,
 }
-DEFAULT_SECONDS = {"limits": 20.0, "noisy-neighbour": 30.0, "quota-race": 10.0, "mix": 20.0}
+DEFAULT_SECONDS = {
+    "limits": 20.0,
+    "noisy-neighbour": 30.0,
+    "quota-race": 10.0,
+    "mix": 20.0,
+    "big-lists": 20.0,
+}

@@ -5,14 +5,15 @@ up by name. The order of the pipeline's stages is stated here and only here
 (`build_app`, the list `stages`), as in DESIGN §1:
 
     metrics → audit → errors → parse → anonymous rate limit → identity
-            → rate limit (caller's tenant) → transcode → authorize → quota → forward
+            → rate limit (caller's tenant) → impersonation → transcode → authorize
+            → quota → forward
 
 Each route runs a prefix of that one list in front of its own terminal:
 
 - `/healthz`, `/readyz`: no stage at all (no credentials, no rate limit, never
   forwarded);
-- `/quota/v1/…`: through the tenant rate limit, then the quota API (which authorizes
-  each call itself);
+- `/quota/v1/…`: through the tenant rate limit and impersonation, then the quota API
+  (which authorizes each call itself);
 - `/metrics`: through authorization like any non-resource URL, then answered by the
   sidecar, never forwarded;
 - everything else: the whole list, then the proxy.
@@ -37,15 +38,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from sidecar import framing, protocol_errors
+from sidecar import discovery, framing, protocol_errors
 from sidecar.audit import AuditLog, AuditStage
-from sidecar.authorize import Authorizer, AuthorizeStage
+from sidecar.authorize import Authorizer, AuthorizeStage, forwarded
 from sidecar.config import Config
 from sidecar.context import RequestContext, request_id_for
 from sidecar.error_stage import ErrorStage
 from sidecar.health import Readiness, metrics_handler, probe_handler
 from sidecar.identity.credentials import CredentialWatcher
+from sidecar.identity.impersonation import ImpersonationStage
 from sidecar.identity.stage import IdentityStage, build_authenticators
+from sidecar.kube_protobuf import offload as protobuf_offload
 from sidecar.metrics import Metrics, MetricsStage
 from sidecar.parse_stage import ParseStage
 from sidecar.pipeline import Handler, Stage, build_chain
@@ -58,10 +61,12 @@ from sidecar.quota.api import QuotaApi, QuotaService, upstream_tenant_check
 from sidecar.quota.gauges import QuotaGauges
 from sidecar.quota.ledger import open_ledger
 from sidecar.quota.reconcile import periodic, upstream_fetch
+from sidecar.quota.redis import RedisLedger
 from sidecar.quota.stage import QuotaStage, ledger_ready
 from sidecar.ratelimit.stage import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
 from sidecar.reviews import ReviewApi
 from sidecar.transcode import TranscodeStage
+from sidecar.watches import WatchTerms
 
 log = logging.getLogger("sidecar")
 
@@ -105,6 +110,24 @@ def build_app(config: Config) -> web.Application:
         upstream.get_json,
         conceal=config.conceal_other_tenants,
     )
+    impersonation = ImpersonationStage(
+        config.mode, authorizer.cache, conceal=config.conceal_other_tenants
+    )
+    # Open watches follow the policy and their credentials (DESIGN §4, §5): decided
+    # again on every swap (their impersonation too), authenticated again on every
+    # credential reload.
+    upstream.watches.follow(
+        WatchTerms(
+            impersonation.deciding_impersonation(authorizer.authorize),
+            forwarded,
+            impersonation.acting_identity(identity.authenticate),
+            credentials.expires_at,
+            lambda: policy.current,
+            config.mode,
+        )
+    )
+    reloader.on_swap.append(upstream.watches.policy_changed)
+    credentials.on_reload.append(upstream.watches.credentials_changed)
     quota = QuotaStage(ledger, metrics, gauges, upstream)
     quota_api = QuotaApi(
         QuotaService(ledger, lambda: policy.current.quotas, upstream_tenant_check(upstream)),
@@ -115,14 +138,18 @@ def build_app(config: Config) -> web.Application:
     readiness = Readiness(metrics)
     readiness.add("policy", reloader.ready, required=True)
     readiness.add("upstream", upstream.ping, required=True)
-    readiness.add("ledger", lambda: ledger_ready(ledger))
+    # A Redis ledger names its topology and its state (cluster masters, sentinel master).
+    readiness.add(
+        "ledger", ledger.ready if isinstance(ledger, RedisLedger) else lambda: ledger_ready(ledger)
+    )
     readiness.add("ratelimit", lambda: limiter.ready(policy.current.rate_limits.describe()))
     if credentials.files:
         readiness.add("credentials", credentials.ready)
 
     # The order of DESIGN §1, in one place. The tenant rate limit comes right after
-    # authentication: every later refusal (concealed, forbidden, owner lookup, access
-    # review, an undecodable body) is paid for by the caller's tenant.
+    # authentication: every later refusal (impersonation, concealed, forbidden, owner
+    # lookup, access review, an undecodable body) is paid for by the caller's tenant,
+    # and an impersonating caller's requests by its own tenant (docs/identity.md).
     stages: list[Stage] = [
         MetricsStage(metrics),
         AuditStage(audit),
@@ -130,10 +157,11 @@ def build_app(config: Config) -> web.Application:
         ParseStage(config.limits.max_header_bytes),
         AnonymousRateLimitStage(limiter),
         identity,
-        TenantRateLimitStage(limiter),
+        TenantRateLimitStage(limiter, config.limits.upstream_read_timeout),
+        impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
-        AuthorizeStage(authorizer, metrics, ReviewApi(metrics)),
+        AuthorizeStage(authorizer, metrics, ReviewApi(metrics, config.mode)),
         quota,
     ]
 
@@ -162,7 +190,8 @@ def build_app(config: Config) -> web.Application:
     app[METRICS_KEY] = metrics
     app[READINESS_KEY] = readiness
     probes = probe_handler(readiness)
-    quota_route = chain("ratelimit", quota_api)
+    quota_route = chain("impersonation", quota_api)
+    served_discovery = chain("authorize", discovery.served_document)
     _route_all(
         app,
         exact={
@@ -170,6 +199,8 @@ def build_app(config: Config) -> web.Application:
             "/readyz": probes,
             "/metrics": chain("authorize", metrics_handler(metrics)),
             QUOTA_PREFIX: quota_route,
+            discovery.APIS: chain("authorize", discovery.apis_terminal(upstream.forward)),
+            **dict.fromkeys(discovery.PATHS, served_discovery),
         },
         prefixes=[(QUOTA_PREFIX + "/", quota_route)],
         default=chain(None, upstream.forward),
@@ -186,6 +217,9 @@ def build_app(config: Config) -> web.Application:
     async def close_upstream(_: web.Application) -> AsyncIterator[None]:
         yield
         await upstream.close()
+        # The protobuf worker process (started by a large body), off the loop: it may
+        # take a moment to stop.
+        await asyncio.to_thread(protobuf_offload.stop)
 
     async def close_watches(_: web.Application) -> None:
         # Runs after the listener stops and before aiohttp waits for handlers: open
@@ -203,7 +237,7 @@ def build_app(config: Config) -> web.Application:
             close_upstream,
             _service(None, limiter.close),
             _service(gauges.start, gauges.stop),
-            _service(None, quota.stop),
+            _service(quota.start, quota.stop),
             _background(
                 lambda: periodic(upstream_fetch(upstream), ledger, reconcile_every),
                 enabled=reconcile_every > 0,

@@ -4,12 +4,15 @@ The decision is `policy.decide.decide`; this stage only does the I/O around it: 
 the stored object's owner when only owner rules could grant an item (fresh for writes,
 maybe cached for reads; a missing object is decided like one nobody owns), reads the
 body when a write's owner fields must be checked, and then acts on the verdict:
-forward (allow), forward with an owner filter (`?owner=` plus a response filter for
-lists) or the checked body, or answer the verdict's 403 / 404. Dry-run mode (global or
-per tenant, `ctx.dry_run`) decides, logs and counts `would_deny`, and forwards anyway,
-except across tenants: a request that isolation refuses is refused in dry-run too.
-Access reviews (`sidecar.reviews`) are answered here, after identity and the rate
-limit, and never forwarded.
+forward (allow), forward with an owner filter (lists: `?owner=`, and the answer
+streamed through the filter) or the checked body, or answer the verdict's 403 / 404.
+Dry-run mode (global or per tenant, `ctx.dry_run`) decides, logs and counts
+`would_deny`, and forwards a refusal the verdict says a mode may relax
+(`Verdict.relaxable`: a 403 inside the caller's own tenant, decided in
+`policy/decide.py`); everything else is refused in every mode. A forwarded request
+always gets what its verdict asks (owner filter, checked body), in every mode. Access
+reviews (`sidecar.reviews`) are answered here, after identity and the rate limit, and
+never forwarded.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from sidecar.pipeline import Handler
 from sidecar.policy.decide import decide
 from sidecar.policy.decision import Verdict
 from sidecar.policy.engine import READ_VERBS, DecisionCache
+from sidecar.policy.modes import DRY_RUN, ENFORCE, forwards
 from sidecar.policy.owner import GetJson, OwnerLookup, list_filter, patch_kind
 from sidecar.target import RequestTarget
 
@@ -87,7 +91,8 @@ class Authorizer:
             )
             obj = obj or {}
             v = decide(bundle, identity, target, obj, conceal=conceal, cache=cache)
-        if v.allowed and v.needs_body and read_body:
+        # A relaxable refusal's body is read only when the mode will relax it.
+        if v.needs_body and read_body and (v.allowed or (v.relaxable and ctx.dry_run)):
             doc = await ctx.read_json()
             patch = patch_kind(ctx.request.method, ctx.request.content_type)
             v = decide(
@@ -118,8 +123,7 @@ class AuthorizeStage:
         ctx.decision = v
         ctx.audit["authz"] = audit_record(v)
         label = self.metrics.tenant(identity.tenant)
-        # Isolation holds in dry-run too: a tenant's dry-run never opens another tenant.
-        if not v.allowed and ctx.dry_run and not v.isolated:
+        if not v.allowed and forwarded(v, ctx.dry_run):
             self.metrics.child(self.metrics.decisions, label, "would_deny").inc()
             ctx.audit["authz"]["mode"] = "dry-run"
             log.info(
@@ -131,19 +135,30 @@ class AuthorizeStage:
                 identity.tenant,
                 v.reason,
             )
+            self._apply(ctx, identity, v)
             return await call_next(ctx)
         self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
         if not v.allowed:
+            if ctx.dry_run:
+                ctx.audit["authz"]["mode"] = "dry-run (not relaxed)"
             raise v.refusal()
-        if not ctx.dry_run:
-            self._apply(ctx, identity, v)
+        self._apply(ctx, identity, v)
         return await call_next(ctx)
 
     def _apply(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
-        """What an allowed verdict asks of the forwarded request."""
+        """What the verdict asks of the forwarded request, in every mode."""
         if v.owner.list_field:
-            ctx.upstream_query.append(("owner", identity.tenant))
-            ctx.response_filter = list_filter(identity.tenant, v.owner.list_field)
+            # Forwarded with `?owner=` (and, for a Table, `includeObject=Object`), the
+            # answer streamed through the filter (sidecar/listfilter.py).
+            target = v.target or ctx.target
+            flt = list_filter(
+                identity.tenant,
+                v.owner.list_field,
+                ctx.request.headers.get("Accept", ""),
+                target.param("includeObject") if target is not None else None,
+            )
+            ctx.upstream_query.extend(flt.upstream_query)
+            ctx.owner_list = flt
         if v.body is not None:
             ctx.body = json.dumps(v.body).encode()
             ctx.parsed_body = v.body
@@ -151,6 +166,12 @@ class AuthorizeStage:
         if v.needs_object and t is not None and t.verb not in READ_VERBS:
             # The write may change the owner: later reads must not use a stale one.
             self.authz.owners.forget(identity, t)
+
+
+def forwarded(v: Verdict, dry_run: bool) -> bool:
+    """Whether a request with this verdict is forwarded (`modes.forwards`; open watches
+    are decided again by the same rule)."""
+    return forwards(v, DRY_RUN if dry_run else ENFORCE)
 
 
 def audit_record(v: Verdict) -> dict[str, Any]:
@@ -162,4 +183,6 @@ def audit_record(v: Verdict) -> dict[str, Any]:
     }
     if v.isolated:
         record["isolation"] = "concealed" if v.status == 404 else "forbidden"
+    if v.held:
+        record["held"] = v.held
     return record

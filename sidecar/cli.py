@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +166,7 @@ async def _run(
     from sidecar.app import METRICS_KEY, READINESS_KEY
     from sidecar.health import build_metrics_app
     from sidecar.redact import redact_url
-    from sidecar.server import FrontDoorRunner
+    from sidecar.server import CANCEL_SECONDS, FrontDoorRunner
     from sidecar.tls import TlsSite
 
     host, port = config.listen_host_port
@@ -180,14 +181,14 @@ async def _run(
         # A failed reload shows in /readyz but never makes it 503: the old cert serves.
         app[READINESS_KEY].add("tls", tls_ready)
     try:
-        main = FrontDoorRunner(app, handle_signals=False, shutdown_timeout=grace, access_log=None)
+        main = FrontDoorRunner(
+            app, handle_signals=False, shutdown_timeout=CANCEL_SECONDS, access_log=None
+        )
         await main.setup()
         runners.append(main)
         site: web.TCPSite
         if tls is None:
-            site = web.TCPSite(
-                main, host, port, shutdown_timeout=grace, reuse_port=reuse_port or None
-            )
+            site = web.TCPSite(main, host, port, reuse_port=reuse_port or None)
         else:
             site = TlsSite(
                 main,
@@ -195,7 +196,7 @@ async def _run(
                 port,
                 context=tls.context,
                 handshake_timeout=config.limits.header_timeout,
-                shutdown_timeout=grace,
+                shutdown_timeout=CANCEL_SECONDS,  # drain() waits for the grace itself
                 reuse_port=reuse_port or None,
             )
         await _start_site(site, config.listen)
@@ -206,7 +207,10 @@ async def _run(
             # always plain HTTP, also when the main listener serves TLS.
             mhost, _, mport = config.metrics_listen.rpartition(":")
             scrape = web.AppRunner(
-                build_metrics_app(app[METRICS_KEY]), handle_signals=False, access_log=None
+                build_metrics_app(app[METRICS_KEY]),
+                handle_signals=False,
+                shutdown_timeout=CANCEL_SECONDS,
+                access_log=None,
             )
             await scrape.setup()
             runners.append(scrape)
@@ -228,12 +232,40 @@ async def _run(
         )
         await stop.wait()
         log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
+        # The process is gone by the deadline plus a second, whatever still waits then
+        # (a stalled ledger under a cleanup): DESIGN §9.
+        _exit_by(grace + SHUTDOWN_EXTRA_SECONDS)
+        await main.drain(grace)
     finally:
         if tls is not None:
             await tls.stop()
-        # Stops accepting, waits for in-flight handlers up to the grace period, then closes.
+        # What is left of the shutdown waits for no handler: drain() did (and cut them).
         for runner in reversed(runners):
             await runner.cleanup()
+
+
+# The process exits by `limits.shutdownGraceSeconds` plus this after SIGTERM (DESIGN §9).
+SHUTDOWN_EXTRA_SECONDS = 1.0
+# Of that second, what the orderly cleanup after the deadline may take before the
+# process ends regardless (the rest is the interpreter's own exit).
+_EXIT_MARGIN_SECONDS = 0.2
+
+
+def _exit_by(seconds: float) -> None:
+    """A last resort, armed at SIGTERM: end the process `seconds` from now (less a
+    margin for the exit itself) if the orderly shutdown has not ended it by then, e.g.
+    when a cleanup waits on a ledger or an upstream that stalls. Only after the
+    requests were cut and their reservations handed over (drain): what was not settled
+    stays in progress in the ledger, for the next process (DESIGN §7)."""
+
+    def expire() -> None:
+        log.error("shutdown: not done %.1f s after SIGTERM; exiting now", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(max(0.0, seconds - _EXIT_MARGIN_SECONDS), expire)
+    timer.daemon = True
+    timer.start()
 
 
 def _serve_workers(config: Config) -> int:

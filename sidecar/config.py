@@ -10,7 +10,9 @@ YAML scalars/lists (`5`, `true`, `[HS256]`). An unknown key or a wrong type rais
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
+
+from sidecar.redact import yaml_problem
 
 ENV_PREFIX = "SIDECAR_"
 
@@ -61,6 +65,13 @@ class IdentityConfig:
     jwt: JwtConfig = field(default_factory=JwtConfig)
     trusted_headers: TrustedHeaders = field(default_factory=TrustedHeaders)
     forward_authorization: bool = True
+    # More request headers the upstream trusts as identity, never forwarded (DESIGN §4).
+    strip_headers: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def strip_header_names(self) -> frozenset[str]:
+        """`stripHeaders` lower-cased, `_` read as `-` (as some upstreams read them)."""
+        return frozenset(h.lower().replace("_", "-") for h in self.strip_headers)
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,8 @@ class LimitsConfig:
     # Upstream connections all watches together may hold (a pool of their own, so
     # watches never take the connections ordinary requests need).
     upstream_watch_pool_size: int = 1024
+    # Every watch ends after its own limit, drawn between 1 and 2 times of this (DESIGN §5).
+    max_watch_seconds: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -187,7 +200,10 @@ def load_config(
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+            # Never PyYAML's snippet of the line: the config may hold the JWT secret.
+            raise ConfigError(
+                f"config file {path} is not valid YAML: {yaml_problem(exc)}"
+            ) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -212,10 +228,19 @@ def _validate(config: Config) -> None:
             f"config key 'upstream' must be an http(s):// URL or unix:/path, "
             f"not {config.upstream!r}"
         )
-    if not config.ledger.startswith(("sqlite://", "redis://", "rediss://")):
-        raise ConfigError(
-            f"config key 'ledger' must be sqlite:///path or redis://…, not {config.ledger!r}"
-        )
+    if not config.ledger.startswith("sqlite://"):
+        _check_redis_url("ledger", config.ledger, "sqlite:///path")
+    if config.rate_limit.global_:
+        _check_redis_url("rateLimit.global", config.rate_limit.global_)
+    for key, prefix in (
+        ("quota.redisPrefix", config.quota.redis_prefix),
+        ("rateLimit.globalPrefix", config.rate_limit.global_prefix),
+    ):
+        if "{" in prefix or "}" in prefix:
+            raise ConfigError(
+                f"config key {key!r} must not hold '{{' or '}}' (the tenant is the key's "
+                "hash tag, keeping a tenant's keys in one Redis Cluster slot)"
+            )
     if config.metrics_listen is not None:
         mhost, msep, mport = config.metrics_listen.rpartition(":")
         if not msep or not mhost or not mport.isdigit() or not 0 < int(mport) < 65536:
@@ -230,6 +255,36 @@ def _validate(config: Config) -> None:
         raise ConfigError("config key 'workers' must be at least 1")
     if config.limits.max_body_bytes < 1:
         raise ConfigError("config key 'limits.maxBodyBytes' must be positive")
+    if config.limits.max_watch_seconds <= 0:
+        raise ConfigError("config key 'limits.maxWatchSeconds' must be positive")
+    for i, name in enumerate(config.identity.strip_headers):
+        if not _TOKEN.match(name):
+            raise ConfigError(f"config key 'identity.stripHeaders[{i}]' is not a header name")
+        if name.lower().replace("_", "-") in _FRAMING_HEADERS:
+            raise ConfigError(
+                f"config key 'identity.stripHeaders[{i}]': {name} says how to read the "
+                "request, it cannot be stripped"
+            )
+
+
+# An HTTP header name (RFC 9110 token).
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# Headers without which the upstream would read the body or the target otherwise.
+_FRAMING_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "content-type", "content-encoding"}
+)
+
+
+def _check_redis_url(key: str, url: str, other: str = "") -> None:
+    """A Redis URL that could not be used stops start-up here, naming the key (never
+    the URL: it may hold a password). `other`: the key's other accepted form."""
+    from sidecar.redis_client import RedisUrlError, parse_redis_url
+
+    try:
+        parse_redis_url(url)
+    except RedisUrlError as exc:
+        hint = f" (or {other})" if other else ""
+        raise ConfigError(f"config key {key!r}: {exc}{hint}") from None
 
 
 def config_to_dict(config: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from sidecar.target import RequestTarget
 if TYPE_CHECKING:
     from sidecar.policy.bundle import PolicyBundle
     from sidecar.policy.decision import Decision
+    from sidecar.policy.owner import OwnerListFilter
 
 
 _UNSET: Any = object()
@@ -50,17 +52,38 @@ def request_id_for(request: web.BaseRequest) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """An authenticated caller. `alice@acme` and `alice@beta` are different subjects."""
+    """An authenticated caller. `alice@acme` and `alice@beta` are different subjects.
+
+    An identity taken on by impersonation (`Impersonate-User`, DESIGN §4) names the
+    caller who sent the request in `impersonated_by`; every stage after the
+    impersonation stage decides, charges and forwards as this identity, and
+    `authenticator` stays the caller's (the credential the request carries)."""
 
     user: str
     tenant: str
     groups: tuple[str, ...] = ()
     authenticator: str = ""
+    impersonated_by: Identity | None = None
 
     @property
     def is_operator(self) -> bool:
         """Users of the `system` tenant are platform operators."""
         return self.tenant == "system"
+
+
+MAX_NAME = 256
+# Control characters (C0 and C1, e.g. U+0085), line and paragraph separators
+# (U+2028, U+2029) and lone surrogates: a name holding one could break a log line.
+_NOT_IN_NAMES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+def printable(value: str) -> bool:
+    """The rule for user and group names (of every authenticator and of impersonation):
+    they become header values and log fields, so bounded, and no character that any
+    reader could take for a line break or a control."""
+    return 0 < len(value) <= MAX_NAME and not any(
+        unicodedata.category(c) in _NOT_IN_NAMES for c in value
+    )
 
 
 @dataclass(slots=True)
@@ -81,9 +104,13 @@ class RequestContext:
     body: bytes | None = None
     # Extra query parameters for the upstream call (e.g. owner filtering).
     upstream_query: list[tuple[str, str]] = field(default_factory=list)
-    # Applied to the whole upstream response body (owner-filtered lists); the proxy
-    # buffers the response when this is set. Gets (status, body), returns new body.
+    # Applied to the whole upstream response body (the `/apis` document the sidecar
+    # completes); the proxy buffers the response when this is set. Gets (status, body),
+    # returns new body.
     response_filter: Callable[[int, bytes], bytes] | None = None
+    # The owner filter of a list a caller may see only through owner rules: the proxy
+    # streams the answer through it (sidecar/listfilter.py), never buffering it whole.
+    owner_list: OwnerListFilter | None = None
     # Headers added to the response, whether it is forwarded or an error.
     response_headers: dict[str, str] = field(default_factory=dict)
     # Per-stage notes for the audit line (e.g. {"ratelimit": "allowed"}).

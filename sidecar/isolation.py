@@ -9,6 +9,12 @@ and the quota API cannot disagree.
   on only when a binding in force for the caller could reach it (`engine.can_reach`:
   ClusterRoleBindings, and a tenant's owner rules for cluster-scoped objects);
   otherwise it is refused by isolation and the caller learns nothing.
+- `inside_caller_tenant`: the other side of the boundary, for modes (DESIGN §5): a
+  mode (dry-run) relaxes only refusals of a request inside the caller's own tenant
+  (its namespaces and tenant-scoped resources). A cluster-scoped object never is,
+  not even one that stands for the caller's tenant (its Tenant object, its quota), nor
+  a non-resource URL. `decide` builds `Verdict.relaxable` on it; the quota stage asks
+  it of a quota refusal (whose quota: the target's tenant).
 - `refusal`: how a refused request is answered.
   * A target in the caller's own tenant (its namespaces, and its own Tenant object
     `/api/v1/tenants/{own}` or its own quota): 403, the caller knows its tenant exists.
@@ -50,6 +56,17 @@ def outside_caller_tenant(identity: Identity, target: RequestTarget) -> bool:
     if target.tenant is not None:
         return target.tenant != identity.tenant
     return target.scope == Scope.CLUSTER
+
+
+def inside_caller_tenant(identity: Identity, target: RequestTarget) -> bool:
+    """Whether the target lies inside the caller's own tenant, below the cluster level:
+    the only place where a mode may relax a refusal."""
+    return (
+        target.resource_request
+        and target.scope != Scope.CLUSTER
+        and target.tenant is not None
+        and target.tenant == identity.tenant
+    )
 
 
 def refusal(

@@ -1,5 +1,9 @@
 """The parse stage: header-size check, then URL → `ctx.target` (DESIGN §3).
 
+`ctx.target` is the one reading of the request target: the decision reads it and the
+proxy forwards the target rebuilt from it (`RequestTarget.upstream_target`), never the
+client's bytes.
+
 `parse_target` is a pure function of the method and the raw target, and its result is
 immutable, so the last `CACHE_SIZE` distinct (method, target) pairs are remembered:
 most traffic repeats a few URLs, and parsing is a good part of a cached read's cost.
@@ -15,6 +19,10 @@ from sidecar.pipeline import Handler
 from sidecar.target import RequestTarget, TargetError, parse_target
 
 CACHE_SIZE = 4096
+# Only targets up to this length are remembered, so the cache holds at most about
+# CACHE_SIZE x 4 x MAX_CACHED bytes (raw, decoded and re-encoded forms) whatever
+# clients send: a long target is parsed every time, which is what it is worth.
+MAX_CACHED = 512
 
 
 class ParseStage:
@@ -43,13 +51,14 @@ class ParseStage:
         return await call_next(ctx)
 
     def _parse(self, method: str, raw: str) -> RequestTarget | TargetError:
-        path, _, query = raw.partition("?")
         parsed: RequestTarget | TargetError
         try:
-            parsed = parse_target(method, path, query)
+            parsed = parse_target(method, raw)
         except TargetError as exc:
             parsed = exc
             parsed.__traceback__ = None  # kept: hold no frames
+        if len(raw) > MAX_CACHED:
+            return parsed
         if len(self._parsed) >= CACHE_SIZE:
             self._parsed.clear()
         self._parsed[(method, raw)] = parsed

@@ -24,6 +24,7 @@ from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
 
 from sidecar.errors import status_body
+from sidecar.redact import redact_text
 
 log = logging.getLogger("sidecar.protocol")
 
@@ -76,7 +77,10 @@ def _handle_error(
         text = "the request line or a header is too long"
     else:
         text = f"malformed HTTP request: {exc.__class__.__name__ if exc else message}"
-    detail = str(exc or message or "").replace("\n", " ")[:200]
+    # A parser's complaint can quote the request's bytes: an over-long line's start (a
+    # token, in an Authorization header) is never logged, any other quote is redacted.
+    quoted = "" if isinstance(exc, LineTooLong) else str(exc or message or "")
+    detail = redact_text(quoted.replace("\n", " "))[:200]
     malformed_log.warning(
         f"malformed request from {request.remote}: {code} {text}"
         + (f" ({detail!r})" if detail else "")

@@ -22,6 +22,11 @@ answer. Without a namespace the described request is tenant-wide (`/tenants/{t}/
 or cluster-level for a cluster-scoped resource; `resourceAttributes.scope: cluster`
 asks about the list across all tenants (`/api/v1/pods`).
 
+`status.allowed` is the policy's answer in every mode. When the subject's mode (the
+global one, or its tenant's `TenantMode`) is dry-run, `status.reason` also says so and
+what the live request gets (`mode: dry-run (tenant acme): would deny, forwarded`);
+reviews themselves are answered the same in every mode.
+
 Bad input is a 400 Status: a body that is not a JSON object, a wrong `kind` or
 `apiVersion`, no `spec`, neither or both of the attribute kinds; a method other than
 POST is 405.
@@ -36,6 +41,7 @@ from aiohttp import web
 from sidecar.context import Identity, RequestContext
 from sidecar.errors import StatusError, bad_request, unauthorized
 from sidecar.policy.decide import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, normalize
+from sidecar.policy.modes import ENFORCE, describe, mode_for, mode_source
 from sidecar.policy.rules import rules_in_force
 from sidecar.policy.scopes import is_cluster_scoped
 from sidecar.redact import policy_file_names
@@ -72,8 +78,11 @@ def is_review(target: RequestTarget) -> bool:
 class ReviewApi:
     """Answers reviews for the authorize stage (`AuthorizeStage(…, reviews=ReviewApi(…))`)."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, global_mode: str = ENFORCE) -> None:
         self.metrics = metrics
+        # The config's `mode`: a SubjectAccessReview's subject may be of another
+        # tenant than the caller, so its mode is looked up, not the caller's.
+        self.global_mode = global_mode
 
     def handles(self, target: RequestTarget) -> bool:
         return is_review(target)
@@ -113,7 +122,12 @@ class ReviewApi:
             v = await authz.authorize(ctx, subject, asked, read_body=False, fetch_as=identity)
             record["review"] = v.outcome
             record["reviewReason"] = v.reason
-            status = {"allowed": v.allowed, "reason": policy_file_names(v.reason)}
+            reason = v.reason
+            modes = ctx.policy.tenant_modes
+            mode = mode_for(self.global_mode, modes, subject.tenant)
+            if mode != ENFORCE:
+                reason += f" (mode: {describe(mode, mode_source(modes, subject.tenant), v)})"
+            status = {"allowed": v.allowed, "reason": policy_file_names(reason)}
             if not v.allowed:
                 status["denied"] = True
         answer: dict[str, Any] = {

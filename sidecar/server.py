@@ -1,27 +1,85 @@
 """Serving the sidecar's app: an aiohttp `AppRunner` whose server hands every request
-straight to the app's front door (`sidecar.app.FRONT_DOOR`).
+straight to the app's front door (`sidecar.app.FRONT_DOOR`), and the shutdown with a
+deadline (DESIGN §9).
 
 aiohttp's `Application` resolves each request through its router and middleware chain
 before the handler runs; the sidecar has one route, so that work is pure cost on every
 request. This runner keeps everything else of `AppRunner` (the app's startup, shutdown
-and cleanup, the request objects, the shutdown grace) and only replaces the server's
-request handler. `Server.request_handler` is read by each new connection's protocol
+and cleanup, the request objects) and only replaces the server's request handler.
+`Server.request_handler` is read by each new connection's protocol
 (tests/system/test_dependency_contracts.py checks it).
+
+Shutdown (`drain`): aiohttp's own waits for a handler up to its timeout, then cancels
+it and waits up to the timeout again, so requests in flight were cut at about twice
+the grace, and a handler that outlived its cancellation held the exit longer still.
+`drain(grace)` instead stops accepting, ends open watches at once (the app's
+`on_shutdown`), lets the requests in flight finish until the deadline, then cancels
+those still open and gives them `CANCEL_SECONDS` to unwind (the quota stage hands what
+they reserved to its settling, never releasing it blindly: DESIGN §7). The cleanup that
+follows waits for no handler any more.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 from aiohttp import web
 from aiohttp.web_server import Server
 
 from sidecar.app import FRONT_DOOR
 
+log = logging.getLogger("sidecar")
+
+# How long cancelled handlers get to unwind, and the cleanup's own handler wait.
+CANCEL_SECONDS = 0.2
+
 
 class FrontDoorRunner(web.AppRunner):
+    def __init__(self, app: web.Application, **kwargs: object) -> None:
+        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+        # The handler task of every request in flight (added and removed by the
+        # handler itself, so a request is tracked from its first line to its last).
+        self.in_flight: set[asyncio.Task[object]] = set()
+
     async def _make_server(self) -> Server:
         server = await super()._make_server()
-        server.request_handler = self.app[FRONT_DOOR]  # type: ignore[assignment]
+        front_door = self.app[FRONT_DOOR]
+        in_flight = self.in_flight
+
+        async def tracked(request: web.BaseRequest) -> web.StreamResponse:
+            task = asyncio.current_task()
+            if task is not None:
+                in_flight.add(task)
+            try:
+                return await front_door(request)  # type: ignore[arg-type]
+            finally:
+                if task is not None:
+                    in_flight.discard(task)
+
+        server.request_handler = tracked
         return server
 
+    async def drain(self, grace: float) -> None:
+        """Stop accepting, end watches, let requests finish until `grace` seconds from
+        now, then cancel the rest (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        for site in list(self.sites):
+            await site.stop()
+        await self.shutdown()  # the app's on_shutdown: open watches end at once
+        pending = {t for t in self.in_flight if not t.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        cut = {t for t in self.in_flight if not t.done()}
+        if cut:
+            log.warning(
+                "shutdown: %d requests still open after %.1f s are cancelled", len(cut), grace
+            )
+            for task in cut:
+                task.cancel()
+            await asyncio.wait(cut, timeout=CANCEL_SECONDS)
+        self._shutdown_timeout = CANCEL_SECONDS
 
-__all__ = ["FrontDoorRunner"]
+
+__all__ = ["CANCEL_SECONDS", "FrontDoorRunner"]

@@ -14,6 +14,16 @@ uses (`\\,` `\\=` `\\\\` escapes); a malformed selector, one given twice, or a n
 that is not a valid path segment leaves the name empty (the request then needs a
 grant on the whole collection).
 
+One reading (DESIGN §1, §3, §8): the path and the query are parsed once, here, and
+the target forwarded upstream is rebuilt from that parse (`RequestTarget.upstream_target`):
+each path segment percent-encoded canonically (`%2F` inside a segment stays encoded),
+a short path with the caller's tenant filled in, the query re-encoded from the decoded
+parameters. So the upstream cannot read a parameter the decision did not. A `#` anywhere
+in the target, a parameter the decision reads (`DECISION_PARAMS`) given twice, an empty
+parameter name, a control character, an invalid percent-encoding or non-UTF-8 in the
+query: 400. `watch` takes Go's boolean spellings (as the Kubernetes API server reads
+it) and is forwarded as `true` or `false`; anything else is a 400.
+
 Every malformed target raises `TargetError` (a 400, or 405 for an unknown method);
 the parser never raises anything else.
 """
@@ -22,11 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import parse_qsl
+from urllib.parse import quote, unquote
 
 __all__ = [
+    "DECISION_PARAMS",
     "DEFAULT_TENANT",
     "SYSTEM_TENANT",
     "RequestTarget",
@@ -51,7 +63,29 @@ _DOTS = frozenset({".", ".."})
 _OBJECT_SUBRESOURCES = frozenset({"status", "finalize"})
 _RESOURCE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 _NON_RESOURCE_METHODS = _RESOURCE_METHODS | {"OPTIONS"}
-_WATCH_TRUE = frozenset({"true", "1"})
+# Query parameters a decision (or a stage that charges or filters) reads: each may be
+# given at most once, so no upstream can pick another occurrence than the one decided.
+DECISION_PARAMS = frozenset(
+    {
+        "watch",
+        "fieldSelector",
+        "labelSelector",
+        "dryRun",
+        "resourceVersion",
+        "timeoutSeconds",
+        "owner",
+    }
+)
+# Go's strconv.ParseBool, which the Kubernetes API server reads `watch` with.
+_BOOLS = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# Characters kept as they are in a forwarded path segment / query part; everything else
+# is percent-encoded (UTF-8). `;` is encoded: some servers read it as a parameter.
+_PATH_SAFE = ":@"
+_PLAIN_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@-]+$")
 # (group, resource) served at `/apis/{group}/{v}/{resource}` as a tenant-scoped
 # resource of the caller's tenant (the same under `tenants/{t}/`).
 _SHORT_PATH_RESOURCES = frozenset(
@@ -98,6 +132,16 @@ class RequestTarget:
     extra: tuple[str, ...] = ()
     # True when the URL named no tenant and the caller's tenant applies.
     short_path: bool = False
+    # True when `name` is a list's `fieldSelector` name, not a path segment.
+    name_from_selector: bool = False
+    # The decoded query parameters in order, as the decision read them (`watch`
+    # normalised to true/false) and as the upstream receives them.
+    query: tuple[tuple[str, str], ...] = ()
+    # The forwarded target (path and query, canonically encoded). For a short path
+    # before its tenant is known: `encoded` is the part before where `tenants/{t}` goes
+    # and `encoded_tail` the rest.
+    encoded: str = ""
+    encoded_tail: str = ""
 
     @property
     def is_collection(self) -> bool:
@@ -109,11 +153,50 @@ class RequestTarget:
         return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
     def resolve_tenant(self, caller_tenant: str) -> RequestTarget:
-        """Fill the tenant of a short path: the caller's, `default` for a system caller."""
-        if not self.short_path:
+        """Fill the tenant of a short path: the caller's, `default` for a system caller.
+        The forwarded target then names that tenant (`tenants/{t}/…`)."""
+        if not self.short_path or self.tenant is not None:
             return self
         tenant = DEFAULT_TENANT if caller_tenant == SYSTEM_TENANT else caller_tenant
-        return dataclasses.replace(self, tenant=tenant)
+        encoded = self.encoded
+        if encoded or self.encoded_tail:
+            encoded = f"{encoded}/tenants/{_segment(tenant)}{self.encoded_tail}"
+        return dataclasses.replace(self, tenant=tenant, encoded=encoded, encoded_tail="")
+
+    def within_tenant(self, tenant: str) -> RequestTarget:
+        """A cluster-level list or watch (`/api/v1/configmaps`) as the same request in
+        one tenant (`/api/v1/tenants/{tenant}/configmaps`): what a tenant user's
+        `kubectl get -A` means (DESIGN §3). Only for collections at the cluster level."""
+        assert self.scope == Scope.CLUSTER and self.resource_request and not self.subresource
+        encoded = ""
+        if self.encoded:  # a parsed target (a review's is never forwarded)
+            path, sep, query = self.encoded.partition("?")
+            head, _, last = path.rpartition("/")
+            encoded = f"{head}/tenants/{_segment(tenant)}/{last}{sep}{query}"
+        return dataclasses.replace(self, scope=Scope.TENANT, tenant=tenant, encoded=encoded)
+
+    def param(self, key: str) -> str | None:
+        """The value of a query parameter (the first; decision parameters occur once)."""
+        for k, v in self.query:
+            if k == key:
+                return v
+        return None
+
+    @property
+    def upstream_path(self) -> str:
+        """The forwarded path alone (canonically encoded), without the query."""
+        return self.encoded.partition("?")[0]
+
+    def upstream_target(self, overrides: Sequence[tuple[str, str]] = ()) -> str:
+        """The request target to forward: this parse, canonically encoded. `overrides`
+        (the sidecar's own parameters, e.g. the owner filter) replace every parameter
+        of the same name."""
+        if not overrides:
+            return self.encoded
+        path = self.encoded.partition("?")[0]
+        names = {k for k, _ in overrides}
+        query = [(k, v) for k, v in self.query if k not in names] + list(overrides)
+        return path + _encode_query(query)
 
     def as_dict(self) -> dict[str, object]:
         """The `target` object of `policy explain --json` (DESIGN §5)."""
@@ -136,36 +219,56 @@ def is_dns1123_label(value: str) -> bool:
     return len(value) <= MAX_LABEL and _DNS1123_LABEL.match(value) is not None
 
 
-def parse_target(method: str, raw_path: str, query_string: str = "") -> RequestTarget:
-    """Parse one request. `raw_path` is the path as sent (still percent-encoded)."""
+def parse_target(
+    method: str,
+    raw_path: str,
+    query_string: str = "",
+    *,
+    query_pairs: Sequence[tuple[str, str]] | None = None,
+) -> RequestTarget:
+    """Parse one request. `raw_path` is the request target as sent (still
+    percent-encoded), with its query or with the query given as `query_string`.
+    `query_pairs`: the query already decoded by a server framework (the backing store
+    reads it with aiohttp); the query part of `raw_path` is then not read."""
     method = method.upper()
-    segments = _split_path(raw_path)
+    if "#" in raw_path or "#" in query_string:
+        raise TargetError("the request target contains '#' (a fragment has no place in a request)")
+    path, has_query, inline_query = raw_path.partition("?")
+    if has_query:
+        query_string = inline_query
+    if query_pairs is None:
+        query = _parse_query(query_string) if query_string else ()
+    else:
+        query = tuple(query_pairs)
+    query = _checked_query(query)
+    segments = _split_path(path)
     if not segments or segments[0] not in ("api", "apis"):
-        return _non_resource(method, raw_path, segments)
+        return _non_resource(method, path, segments, query)
 
     # /api/{version}/... or /apis/{group}/{version}/...; shorter is discovery.
     if segments[0] == "api":
         if len(segments) < 3:
-            return _non_resource(method, raw_path, segments)
-        group, version, rest = "", segments[1], segments[2:]
+            return _non_resource(method, path, segments, query)
+        group, version, rest, head = "", segments[1], segments[2:], 2
     else:
         if len(segments) < 4:
-            return _non_resource(method, raw_path, segments)
-        group, version, rest = segments[1], segments[2], segments[3:]
+            return _non_resource(method, path, segments, query)
+        group, version, rest, head = segments[1], segments[2], segments[3:], 3
     _no_separator(group, "API group")
     _no_separator(version, "API version")
 
     if method not in _RESOURCE_METHODS:
-        raise TargetError(f"method {method} is not allowed on {raw_path}", code=405)
+        raise TargetError(f"method {method} is not allowed on {path}", code=405)
 
     watch = False
     if rest[0] == "watch":
         watch = True
         rest = rest[1:]
+        head += 1
         if not rest:
             raise TargetError("watch/ must be followed by a resource")
-    elif method in ("GET", "HEAD") and query_string and "watch" in query_string:
-        watch = any(k == "watch" and v.lower() in _WATCH_TRUE for k, v in _query(query_string))
+    if _watch_param(query):
+        watch = True
 
     fields = _scope_fields(rest)
     if len(rest) == 1 and (group, rest[0]) in _SHORT_PATH_RESOURCES:
@@ -173,16 +276,30 @@ def parse_target(method: str, raw_path: str, query_string: str = "") -> RequestT
     name = fields["name"]
     assert isinstance(name, str)
     verb = _verb(method, bool(name), watch)
-    if watch and method not in ("GET", "HEAD"):
+    if watch and method != "GET":
+        # Not HEAD either: a HEAD answer ends at its headers while the upstream may go
+        # on watching on that connection.
         raise TargetError("watch is only valid with GET", code=405)
-    if verb in ("list", "watch") and "fieldSelector" in query_string:
-        fields["name"] = selected_name(_query(query_string))
+    if verb in ("list", "watch") and not name:
+        selected = selected_name(query)
+        if selected:
+            fields.update(name=selected, name_from_selector=True)
+    encoded_path = [_segment(seg) for seg in segments]
+    encoded_query = _encode_query(query)
+    if fields.get("short_path"):
+        encoded = "/" + "/".join(encoded_path[:head])
+        tail = "/" + "/".join(encoded_path[head:]) + encoded_query
+    else:
+        encoded, tail = "/" + "/".join(encoded_path) + encoded_query, ""
     return RequestTarget(
-        path=raw_path,
+        path=path,
         verb=verb,
         resource_request=True,
         api_group=group,
         api_version=version,
+        query=query,
+        encoded=encoded,
+        encoded_tail=tail,
         **fields,  # type: ignore[arg-type]
     )
 
@@ -277,20 +394,23 @@ def _no_separator(segment: str, what: str) -> None:
         )
 
 
-def _non_resource(method: str, raw_path: str, segments: list[str]) -> RequestTarget:
+def _non_resource(
+    method: str, raw_path: str, segments: list[str], query: tuple[tuple[str, str], ...]
+) -> RequestTarget:
     for seg in segments:
         _no_separator(seg, "non-resource URL")
     if method not in _NON_RESOURCE_METHODS:
         raise TargetError(f"method {method} is not allowed", code=405)
-    return RequestTarget(path=raw_path, verb=method.lower(), resource_request=False)
+    encoded = "/" + "/".join(_segment(seg) for seg in segments) + _encode_query(query)
+    return RequestTarget(
+        path=raw_path, verb=method.lower(), resource_request=False, query=query, encoded=encoded
+    )
 
 
 def _split_path(raw_path: str) -> list[str]:
     """Split on literal '/', then decode each segment: `%2F` stays inside its segment."""
     if not raw_path.startswith("/"):
         raise TargetError("the path must start with '/'")
-    if "?" in raw_path or "#" in raw_path:
-        raw_path = raw_path.split("?", 1)[0].split("#", 1)[0]
     if raw_path == "/":
         return []
     parts = raw_path[1:].split("/")
@@ -345,7 +465,7 @@ def _decode(raw: str) -> str:
     return text
 
 
-def selected_name(query: list[tuple[str, str]]) -> str:
+def selected_name(query: Sequence[tuple[str, str]]) -> str:
     """The name a list's `fieldSelector` requires (`metadata.name=X`), or ""."""
     selectors = [v for k, v in query if k == "fieldSelector"]
     if len(selectors) != 1:
@@ -424,8 +544,69 @@ def _unescape(value: str) -> str | None:
     return "".join(out)
 
 
-def _query(query_string: str) -> list[tuple[str, str]]:
-    try:
-        return parse_qsl(query_string, keep_blank_values=True, errors="strict")
-    except (UnicodeDecodeError, ValueError):
-        raise TargetError("the query string is not valid") from None
+def _parse_query(query_string: str) -> tuple[tuple[str, str], ...]:
+    """`k=v&…` decoded once (`+` is a space), as `application/x-www-form-urlencoded`
+    and aiohttp read it; empty parts (`&&`) are skipped, `k` alone is `k=`."""
+    if _BAD_ESCAPE.search(query_string):
+        raise TargetError("invalid percent-encoding in the query")
+    pairs = []
+    for part in query_string.split("&"):
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            pairs.append((_unquote_plus(key), _unquote_plus(value)))
+        except UnicodeDecodeError:
+            raise TargetError("the query is not valid UTF-8") from None
+    return tuple(pairs)
+
+
+def _unquote_plus(text: str) -> str:
+    return unquote(text.replace("+", " "), errors="strict") if "%" in text or "+" in text else text
+
+
+def _checked_query(query: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """400 for what two readers could read differently; `watch` normalised."""
+    seen: set[str] = set()
+    normal = False
+    for key, value in query:
+        if not key:
+            raise TargetError("the query has a parameter without a name")
+        for text in (key, value):
+            if _CONTROL.search(text):
+                raise TargetError("the query contains control characters")
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise TargetError("the query is not valid UTF-8") from None
+        if key in DECISION_PARAMS:
+            if key in seen:
+                raise TargetError(f"the query parameter {key!r} is given more than once")
+            seen.add(key)
+            if key == "watch":
+                if value not in _BOOLS:
+                    raise TargetError(f"watch must be true or false, not {value[:40]!r}")
+                normal = value not in ("true", "false")
+    if normal:
+        query = tuple(
+            (k, ("true" if _BOOLS[v] else "false") if k == "watch" else v) for k, v in query
+        )
+    return query
+
+
+def _watch_param(query: tuple[tuple[str, str], ...]) -> bool:
+    for key, value in query:
+        if key == "watch":
+            return value == "true"
+    return False
+
+
+def _segment(text: str) -> str:
+    return text if _PLAIN_SEGMENT.match(text) else quote(text, safe=_PATH_SAFE)
+
+
+def _encode_query(query: Sequence[tuple[str, str]]) -> str:
+    if not query:
+        return ""
+    return "?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query)

@@ -5,7 +5,12 @@ certificate and key re-read when either file changes (cert-manager rotates them 
 symlink swap in a Secret volume), so new handshakes get the new certificate without
 a restart. A pair that does not load keeps the last good one in force, is logged once
 per change and shows in `ready()` (a `/readyz` detail, never a reason for 503: the old
-certificate still serves).
+certificate still serves). A certificate outside its validity (expired, or not valid
+yet) does not load (DESIGN §4), at start-up or on reload; one refused only because its
+time has not come yet is tried again on each poll, so it comes into force when it does
+(an issuer's clock a little ahead of this one's must not strand it until the next
+rotation). `ready()` always says until when the serving certificate is valid, and
+fails once it has expired.
 
 The listening `SSLContext` hands every handshake to the context built from the last
 good pair (`sni_callback`, which OpenSSL runs for every ClientHello, with or without
@@ -24,12 +29,14 @@ every later handshake would fail.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -53,6 +60,32 @@ def server_context() -> ssl.SSLContext:
     return context
 
 
+Clock = Callable[[], datetime.datetime]
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class PairError(ConfigError):
+    """A pair that does not load: `str()` names the config key, the file and the
+    problem; `public` the key and the problem only (for `/readyz`, which names no file
+    path). `valid_from`: set when the only problem is that the certificate is not
+    valid yet (it is tried again from then on)."""
+
+    def __init__(
+        self,
+        key: str,
+        path: str,
+        problem: str,
+        public_problem: str | None = None,
+        valid_from: datetime.datetime | None = None,
+    ) -> None:
+        super().__init__(f"config key {key!r}: {path}: {problem}")
+        self.public = f"{key}: {public_problem or problem}"
+        self.valid_from = valid_from
+
+
 @dataclass(frozen=True)
 class Loaded:
     """One certificate and key pair, loaded."""
@@ -60,6 +93,7 @@ class Loaded:
     context: ssl.SSLContext
     serial: int
     not_after: str
+    expires: datetime.datetime
 
 
 def _read(key: str, path: str) -> bytes:
@@ -67,52 +101,81 @@ def _read(key: str, path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
-        raise ConfigError(f"config key {key!r}: cannot read {path}: {exc.strerror}") from None
+        raise PairError(key, path, f"cannot read it: {exc.strerror}") from None
 
 
-def load_pair(cert_file: str, key_file: str, cert: bytes, key: bytes) -> Loaded:
-    """A fresh context from the files, or ConfigError naming the key at fault.
+def load_pair(
+    cert_file: str, key_file: str, cert: bytes, key: bytes, now: datetime.datetime | None = None
+) -> Loaded:
+    """A fresh context from the files, or PairError naming the key at fault.
 
     `cert` and `key` are the bytes just read from the files; they name the fault
-    precisely (`load_cert_chain` reads the paths itself and only says "PEM lib")."""
+    precisely (`load_cert_chain` reads the paths itself and only says "PEM lib").
+    The certificate must be valid at `now` (default: the current time)."""
     try:
         leaf = x509.load_pem_x509_certificates(cert)[0]
     except ValueError:
-        raise ConfigError(
-            f"config key {CERT_KEY!r}: {cert_file} holds no PEM certificate"
-        ) from None
+        raise PairError(CERT_KEY, cert_file, "no PEM certificate in it") from None
     try:
         serialization.load_pem_private_key(key, password=None)
     except (ValueError, TypeError):
-        raise ConfigError(
-            f"config key {KEY_KEY!r}: {key_file} holds no unencrypted PEM private key"
-        ) from None
+        raise PairError(KEY_KEY, key_file, "no unencrypted PEM private key in it") from None
+    _check_validity(cert_file, leaf, now or utc_now())
     context = server_context()
     try:
         context.load_cert_chain(cert_file, key_file)
     except (ssl.SSLError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc.strerror or "does not load"
-        raise ConfigError(
-            f"config key {KEY_KEY!r}: {key_file} does not match the certificate in "
-            f"{cert_file} ({reason})"
+        raise PairError(
+            KEY_KEY,
+            key_file,
+            f"the key does not match the certificate in {cert_file} ({reason})",
+            f"the key does not match the certificate ({reason})",
         ) from None
-    return Loaded(context, leaf.serial_number, leaf.not_valid_after_utc.isoformat())
+    expires = leaf.not_valid_after_utc
+    return Loaded(context, leaf.serial_number, expires.isoformat(), expires)
+
+
+def _check_validity(cert_file: str, leaf: x509.Certificate, now: datetime.datetime) -> None:
+    """PairError unless `now` lies within the certificate's validity (DESIGN §4)."""
+    serial = f"{leaf.serial_number:x}"
+    if now > leaf.not_valid_after_utc:
+        raise PairError(
+            CERT_KEY,
+            cert_file,
+            f"the certificate expired at {leaf.not_valid_after_utc.isoformat()} (serial {serial})",
+        )
+    if now < leaf.not_valid_before_utc:
+        raise PairError(
+            CERT_KEY,
+            cert_file,
+            f"the certificate is not valid before {leaf.not_valid_before_utc.isoformat()} "
+            f"(serial {serial})",
+            valid_from=leaf.not_valid_before_utc,
+        )
 
 
 class TlsReloader:
     """The listener's TLS context and the poll that re-reads the pair when it changes."""
 
-    def __init__(self, cfg: TlsConfig, interval: float = POLL_SECONDS) -> None:
+    def __init__(
+        self, cfg: TlsConfig, interval: float = POLL_SECONDS, clock: Clock = utc_now
+    ) -> None:
         if cfg.cert_file is None or cfg.key_file is None:
             raise ConfigError(f"config keys {CERT_KEY!r} and {KEY_KEY!r} must be set together")
         self.cert_file = cfg.cert_file
         self.key_file = cfg.key_file
         self.interval = interval
+        self.clock = clock
         snapshot = self._snapshot()
-        self.current = load_pair(self.cert_file, self.key_file, *snapshot)
+        self.current = load_pair(self.cert_file, self.key_file, *snapshot, now=clock())
         # What the files held at the last poll: their bytes, or why they could not be read.
         self._seen: tuple[bytes, bytes] | str = snapshot
         self.failed = False
+        # Why the last change was refused (config key and problem, no path), for /readyz.
+        self.problem = ""
+        # The refused pair is only not valid yet: tried again from this time on.
+        self._retry_from: datetime.datetime | None = None
         self.context = server_context()
         self.context.sni_callback = self._pick
         self._task: asyncio.Task[None] | None = None
@@ -128,22 +191,29 @@ class TlsReloader:
         return f"serial {self.current.serial:x}, valid until {self.current.not_after}"
 
     def check(self) -> bool:
-        """One poll: when either file's contents changed, load the pair. True when a
-        new certificate came into force. A write that lands while the files are being
-        loaded changes them again, so it is loaded on the next poll."""
+        """One poll: when either file's contents changed (or a pair refused as not valid
+        yet has become valid), load the pair. True when a new certificate came into
+        force. A write that lands while the files are being loaded changes them again,
+        so it is loaded on the next poll."""
+        now = self.clock()
+        unreadable: PairError | None = None
         try:
-            now: tuple[bytes, bytes] | str = self._snapshot()
-        except ConfigError as exc:
-            now = str(exc)
-        if now == self._seen:
+            seen: tuple[bytes, bytes] | str = self._snapshot()
+        except PairError as exc:
+            seen, unreadable = str(exc), exc
+        if seen == self._seen and (self._retry_from is None or now < self._retry_from):
             return False
-        self._seen = now
+        self._seen = seen
+        self._retry_from = None
         try:
-            if isinstance(now, str):
-                raise ConfigError(now)
-            self.current = load_pair(self.cert_file, self.key_file, *now)
-        except ConfigError as exc:
+            if unreadable is not None:
+                raise unreadable
+            assert not isinstance(seen, str)
+            self.current = load_pair(self.cert_file, self.key_file, *seen, now=now)
+        except PairError as exc:
             self.failed = True
+            self.problem = exc.public
+            self._retry_from = exc.valid_from
             log.warning(
                 "TLS certificate reload refused; the last good certificate is serving (%s): %s",
                 self._describe(),
@@ -151,14 +221,26 @@ class TlsReloader:
             )
             return False
         self.failed = False
+        self.problem = ""
         log.info("TLS certificate reloaded: %s", self._describe())
         return True
 
     def ready(self) -> tuple[bool, str]:
+        """Until when the serving certificate is valid, and why a new pair was refused;
+        not ok while a refusal stands or once the serving certificate has expired."""
+        serving = self.current
+        if self.clock() > serving.expires:
+            expired = (
+                f"the serving certificate (serial {serving.serial:x}) expired at "
+                f"{serving.not_after}; install a valid pair"
+            )
+            if self.failed:
+                expired += f" (the last one was refused: {self.problem})"
+            return False, expired
         if self.failed:
             return False, (
-                "TLS certificate reload failed (see the log); the last good certificate "
-                f"is serving ({self._describe()})"
+                f"TLS certificate reload refused ({self.problem}); the last good "
+                f"certificate is serving ({self._describe()})"
             )
         return True, f"TLS certificate {self._describe()}"
 

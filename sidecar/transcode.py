@@ -3,16 +3,20 @@
 kubectl's typed commands send `application/vnd.kubernetes.protobuf` bodies and do not
 fall back to JSON on a 415. This stage runs right after the tenant rate limit (a
 rate-limited caller costs no decoding) and before every stage that reads a body: it
-decodes the body (`sidecar.kube_protobuf`), checks that the object's kind belongs to the
+decodes the body (`sidecar.kube_protobuf`; a large one in a worker process, so that the
+event loop is never held by a decode), checks that the object's kind belongs to the
 resource the request targets, and from then on the request *is* a JSON request: the
 JSON is `ctx.body` (what later stages read and the upstream receives) and the request
 seen by later stages carries `Content-Type: application/json` and the JSON's
-`Content-Length`.
+`Content-Length`. A body whose JSON could not fit in `limits.maxBodyBytes` is 413 before
+it is converted.
 
 Refused, with nothing read further, stored or charged: a protobuf body of a kind the
-sidecar does not read (415 naming it), one that does not decode (400), one whose kind
-does not match its target (400), one with a `Content-Encoding` (415), and any CBOR body
-(415: neither the sidecar nor the store reads CBOR).
+sidecar does not read (415 naming it), one with a field the sidecar does not know (415:
+dropping it could change the object), one that does not decode or holds a string that
+is not UTF-8 (400), one whose kind does not match its target (400), one too large as
+JSON (413), one with a `Content-Encoding` (415), and any CBOR body (415: neither the
+sidecar nor the store reads CBOR).
 
 A protobuf request with `Expect: 100-continue` gets its `100` here, after
 authentication and rate limit but before authorization: its body must be decoded
@@ -21,31 +25,24 @@ before authorization can read it. Kubernetes clients do not send `Expect`.
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 from multidict import CIMultiDict
 
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError
-from sidecar.kube_protobuf import MEDIA_TYPE, transcode
+from sidecar.kube_protobuf import KINDS, MEDIA_TYPE, read_kind, transcode_request
 from sidecar.pipeline import Handler
 from sidecar.target import RequestTarget
 
 JSON = "application/json"
 CBOR = "application/cbor"
 
-# The kinds `kube_protobuf` reads → the (API group, resource) such a body may be sent to.
+# kind → the (API group, resource) a body of that kind may be sent to (kube_protobuf's
+# table; a kind name is one kind whatever its group, so the kind alone decides).
 KIND_TARGETS: dict[str, tuple[str, str]] = {
-    "ConfigMap": ("", "configmaps"),
-    "Secret": ("", "secrets"),
-    "Namespace": ("", "namespaces"),
-    "ServiceAccount": ("", "serviceaccounts"),
-    "SelfSubjectAccessReview": ("authorization.k8s.io", "selfsubjectaccessreviews"),
-    "SubjectAccessReview": ("authorization.k8s.io", "subjectaccessreviews"),
-    "SelfSubjectRulesReview": ("authorization.k8s.io", "selfsubjectrulesreviews"),
-    "SelfSubjectReview": ("authentication.k8s.io", "selfsubjectreviews"),
+    kind: (found.group, found.resource) for (_, kind), found in KINDS.items()
 }
+assert len(KIND_TARGETS) == len(KINDS), "a kind name in two API groups"
 # A whole object: protobuf has no patch types.
 _METHODS = frozenset({"POST", "PUT"})
 
@@ -99,12 +96,16 @@ class TranscodeStage:
                 415, f"a protobuf body may not have a Content-Encoding (got {encoding!r})"
             )
         check_method(request.method)
-        kind, document = transcode(await ctx.read_body())
-        check_target(kind, ctx.target)
-        ctx.body = document
-        ctx.parsed_body = json.loads(document)
-        ctx.request = as_json_request(request, len(document))
-        ctx.audit["transcode"] = kind
+        body = await ctx.read_body()
+        check_target(read_kind(body), ctx.target)  # before anything is converted
+        result = await transcode_request(body, ctx.max_body_bytes)
+        ctx.body = result.data
+        if result.document is not None:
+            ctx.parsed_body = result.document
+        # else (a large body, read in the worker): later stages parse `ctx.body` if
+        # they need the object, as they would a JSON body of that size.
+        ctx.request = as_json_request(request, len(result.data))
+        ctx.audit["transcode"] = result.kind
         return await call_next(ctx)
 
 

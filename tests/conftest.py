@@ -8,9 +8,13 @@
   upstream, tests/rigs/inprocess.py);
 - `fake_clock` (tests/rigs/clock.py) and `ledger` (each backend, on the fake clock);
 - the real Redis (`redis_url`, `redis_prefix`: each test on its own keys), the real
-  `kubectl` (`kubectl_binary`), and an aiohttp client session (`http`).
+  `kubectl` (`kubectl_binary`), and an aiohttp client session (`http`);
+- replicated Redis, started once per session (tests/rigs/redis_topologies.py): a six-node
+  `redis_cluster` and a `redis_sentinel` set; `topology_prefix` gives a test its own
+  keys on them.
 
-Under `CI=true` a missing Redis or kubectl fails the test instead of skipping it."""
+Under `CI=true` a missing Redis, redis-server or kubectl fails the test instead of
+skipping it."""
 
 from __future__ import annotations
 
@@ -19,15 +23,15 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
 
 from sidecar.quota.ledger import Ledger
-from tests.rigs import inprocess, kube, processes
+from tests.rigs import inprocess, kube, processes, redis_topologies
 from tests.rigs.clock import FakeClock
-from tests.rigs.ledgers import BACKENDS, make_ledger
+from tests.rigs.ledgers import BACKENDS, make_ledger, redis_url_for
 from tests.rigs.stack import Env, running_env
 
 REDIS_URL = os.environ.get("SIDECAR_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -69,6 +73,53 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+# Replicated topologies this session started (each once), for `topology_prefix`.
+_TOPOLOGIES: list[redis_topologies.Topology] = []
+RigT = TypeVar("RigT", redis_topologies.RedisClusterRig, redis_topologies.SentinelRig)
+
+
+def _running(rig: RigT) -> Iterator[RigT]:
+    try:
+        redis_topologies.binaries()
+    except redis_topologies.RedisUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{exc} (CI=true: this is a failure)")
+        pytest.skip(str(exc))
+    redis_topologies.start(rig)
+    _TOPOLOGIES.append(rig)
+    yield rig
+    _TOPOLOGIES.remove(rig)
+    rig.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[redis_topologies.RedisClusterRig]:
+    """A six-node Redis Cluster (three masters, one replica each) on loopback; `.url` is
+    its `redis+cluster://` URL. A test that kills a node heals it before it ends."""
+    yield from _running(redis_topologies.RedisClusterRig(tmp_path_factory.mktemp("cluster")))
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[redis_topologies.SentinelRig]:
+    """A master, a replica and three sentinels on loopback; `.url` is its
+    `redis+sentinel://…/mymaster` URL. A test that kills a node heals it before it ends."""
+    yield from _running(redis_topologies.SentinelRig(tmp_path_factory.mktemp("sentinel")))
+
+
+@pytest.fixture
+def topology_prefix() -> Iterator[str]:
+    """A key prefix of this test's own on the replicated topologies; its keys are
+    deleted afterwards from every one that runs (only its own)."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    for rig in _TOPOLOGIES:
+        rig.delete(prefix)
 
 
 @pytest.fixture(scope="session")
@@ -139,12 +190,13 @@ def fake_clock() -> FakeClock:
 async def ledger(
     request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock
 ) -> AsyncIterator[Ledger]:
-    """A ledger of each backend (SQLite in tmp_path, Redis under this test's own prefix)
-    on `fake_clock`, with a 60 s reservation TTL."""
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        prefix = request.getfixturevalue("redis_prefix")
-        led = make_ledger("redis", tmp_path, fake_clock, redis_url=url, prefix=prefix)
+    """A ledger of each backend (SQLite in tmp_path; Redis, Redis Cluster and Sentinel
+    under this test's own prefix) on `fake_clock`, with a 60 s reservation TTL."""
+    if request.param.startswith("redis"):
+        url = redis_url_for(request.param, request)
+        fixture = "redis_prefix" if request.param == "redis" else "topology_prefix"
+        prefix = request.getfixturevalue(fixture)
+        led = make_ledger(request.param, tmp_path, fake_clock, redis_url=url, prefix=prefix)
     else:
         led = make_ledger("sqlite", tmp_path, fake_clock)
     yield led

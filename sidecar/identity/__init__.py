@@ -4,6 +4,8 @@
 - `tokens.py`: the static token file;
 - `headers.py`: trusted front-proxy headers;
 - `stage.py`: the identity stage that tries them in that order;
+- `impersonation.py`: the impersonation stage (`Impersonate-*`, decided by
+  `sidecar.policy.impersonation`) that follows the tenant rate limit;
 - `credentials.py`: re-reads the credential files on change and on SIGHUP.
 
 `names.py` holds what every authenticator shares: the `Authenticator` interface, the

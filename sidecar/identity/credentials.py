@@ -4,8 +4,14 @@ re-read when they change, and at once on SIGHUP (`request`).
 A change is noticed by polling a fingerprint (mtime, size, inode) of each file once a
 `interval`. The fingerprint is taken before the files are read, so a write that lands
 while they are being read changes it again and is read on the next poll. A file that
-fails to load keeps the last good credentials in force, is logged, and shows in
-`/readyz` (`ready`).
+fails to load (an empty one too: sidecar/identity/files.py) keeps the last good
+credentials in force, is logged with its path, and shows in `/readyz` (`ready`) with
+the config key and the problem, never the path or the file's contents.
+
+A credential that goes away also ends the watches opened with it (DESIGN §4): after
+each successful reload the `on_reload` callbacks run (sidecar/watches.py authenticates
+every open watch again), and `expires_at` says when a request's credential stops being
+accepted by time (a JWT's `exp`), so its watches end then.
 """
 
 from __future__ import annotations
@@ -14,10 +20,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import jwt
+from aiohttp import web
 
 from sidecar.config import ConfigError, IdentityConfig
-from sidecar.identity.stage import IdentityStage, build_authenticators
+from sidecar.context import Identity
+from sidecar.identity.files import CredentialFileError
+from sidecar.identity.names import JWT
+from sidecar.identity.stage import IdentityStage, build_authenticators, parse_authorization
 
 log = logging.getLogger("sidecar.identity")
 
@@ -56,7 +68,11 @@ class CredentialWatcher:
         self.interval = interval
         self.seen = _fingerprint(self.files)
         self.failed = False
+        # Why the last reload was refused, for /readyz: key and problem, no path.
+        self.problem = ""
         self.reloads = 0  # successful reloads, for tests and the log
+        # Called after each successful reload (sync, cheap).
+        self.on_reload: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -91,22 +107,55 @@ class CredentialWatcher:
             found = await asyncio.to_thread(build_authenticators, self.cfg)
         except ConfigError as exc:
             self.failed = True
+            self.problem = exc.public if isinstance(exc, CredentialFileError) else "see the log"
             log.warning(
                 "credential reload refused; the last good credentials stay in force: %s", exc
             )
             return False
+        except Exception:  # the watch must outlive any surprise; the old credentials stand
+            self.failed = True
+            self.problem = "see the log"
+            log.exception("credential reload refused; the last good credentials stay in force")
+            return False
         self.stage.authenticators = tuple(found)
         self.reloads += 1
         if self.failed:
-            log.warning("credential reload succeeded again")
+            log.warning("credentials reloaded; the earlier refusal is over")
         else:
             log.info("credentials reloaded")
         self.failed = False
+        self.problem = ""
+        for callback in self.on_reload:
+            try:
+                callback()
+            except Exception:  # the new credentials stand whatever a listener does
+                log.exception("a credential reload listener failed")
         return True
+
+    def expires_at(self, request: web.Request, identity: Identity) -> float | None:
+        """When the credential `request` was authenticated with as `identity` stops being
+        accepted by time (wall clock, seconds): a JWT's `exp` plus the configured leeway.
+        None when it does not expire by time (static tokens, trusted headers, a JWT
+        without `exp`). The token was verified by this request's identity stage, so its
+        claims are read here without verifying it again."""
+        if identity.authenticator != JWT:
+            return None
+        bearer, _ = parse_authorization(request)
+        if bearer is None:
+            return None
+        try:
+            claims = jwt.decode(bearer, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return None
+        exp = claims.get("exp")
+        if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+            return None
+        return float(exp) + self.cfg.jwt.leeway_seconds
 
     async def ready(self) -> tuple[bool, str]:
         if self.failed:
             return False, (
-                "credential reload failed (see the log); the last good credentials are in force"
+                f"credential reload refused ({self.problem}); "
+                "the last good credentials are in force"
             )
         return True, "credentials loaded"

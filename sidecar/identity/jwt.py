@@ -22,6 +22,7 @@ from sidecar.config import JwtConfig
 from sidecar.context import Identity
 from sidecar.identity.keys import VerificationKey
 from sidecar.identity.names import JWT, printable, reject, tenant_name
+from sidecar.redact import redact_text
 
 # A decoded token without `exp` is still re-verified after this long.
 MAX_CACHE_SECONDS = 300.0
@@ -134,7 +135,9 @@ class JwtAuthenticator:
             except jwt.InvalidKeyError:
                 continue
             except jwt.PyJWTError as exc:
-                raise reject(f"invalid token: {str(exc)[:120]}") from None
+                # PyJWT's messages name the problem; redacted all the same, since
+                # a 401 body must never quote the token (DESIGN §9).
+                raise reject(f"invalid token: {redact_text(str(exc))[:120]}") from None
         if payload is None:
             raise reject("the token signature does not verify")
         return self._identity(payload), _expiry(payload)

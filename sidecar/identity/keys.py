@@ -4,14 +4,14 @@ EdDSA by key type), and the signing keys of a JWKS file.
 
 JWKS entries are built with PyJWT's `PyJWK`. `PyJWKSet` is not used: it skips a key it
 cannot read without a word, and a typo in a rotated JWKS file must be refused (the
-last good keys stay in force) rather than silently drop the key.
+last good keys stay in force) rather than silently drop the key. An empty key or JWKS
+file is refused too (sidecar/identity/files.py).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jwt
@@ -21,7 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from jwt.algorithms import get_default_algorithms
 
 from sidecar.config import ConfigError, JwtConfig
+from sidecar.identity.files import CredentialFileError, read_credential_file
 
+PUBLIC_KEY_FILE = "identity.jwt.publicKeyFile"
+JWKS_FILE = "identity.jwt.jwksFile"
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 RSA_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
 _EC_CURVES = {
@@ -68,9 +71,10 @@ def load_jwt_keys(cfg: JwtConfig) -> list[VerificationKey]:
         public = _load_pem_public_key(cfg.public_key_file)
         algorithms = _algorithms_for_public_key(public) & allowed
         if not algorithms:
-            raise ConfigError(
-                f"identity.jwt.publicKeyFile: identity.jwt.algorithms {sorted(allowed)} has "
-                f"no algorithm for the key in {cfg.public_key_file}"
+            raise CredentialFileError(
+                PUBLIC_KEY_FILE,
+                cfg.public_key_file,
+                f"identity.jwt.algorithms {sorted(allowed)} has no algorithm for the key in it",
             )
         keys.append(VerificationKey(public, algorithms, None, cfg.public_key_file))
     if cfg.jwks_file:
@@ -90,12 +94,7 @@ def _algorithms_for_public_key(key: Any) -> frozenset[str]:
 
 
 def _load_pem_public_key(path: str) -> Any:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(
-            f"identity.jwt.publicKeyFile: cannot read {path}: {exc.strerror}"
-        ) from None
+    data = read_credential_file(PUBLIC_KEY_FILE, path)
     try:
         return serialization.load_pem_public_key(data)
     except ValueError:
@@ -103,8 +102,8 @@ def _load_pem_public_key(path: str) -> Any:
     try:
         return x509.load_pem_x509_certificate(data).public_key()
     except ValueError:
-        raise ConfigError(
-            f"identity.jwt.publicKeyFile: {path} holds no PEM public key or certificate"
+        raise CredentialFileError(
+            PUBLIC_KEY_FILE, path, "holds no PEM public key or certificate"
         ) from None
 
 
@@ -124,32 +123,34 @@ def _jwk_family(jwk: dict[str, Any]) -> frozenset[str] | None:
 
 
 def _jwks_keys(path: str, allowed: frozenset[str]) -> list[VerificationKey]:
-    where = f"identity.jwt.jwksFile: {path}"
+    def fault(problem: str) -> CredentialFileError:
+        return CredentialFileError(JWKS_FILE, path, problem)
+
+    raw = read_credential_file(JWKS_FILE, path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it: {exc.strerror}") from None
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise fault("not UTF-8 text") from None
     except ValueError as exc:
-        raise ConfigError(f"{where}: not valid JSON: {exc}") from None
+        # json's message says where (line, column), never what is there.
+        raise fault(f"not valid JSON: {exc}") from None
     entries = data.get("keys") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{where}: expected an object with a non-empty 'keys' list")
+        raise fault("expected an object with a non-empty 'keys' list")
     keys: list[VerificationKey] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: keys[{i}] is not an object")
+            raise fault(f"keys[{i}] is not an object")
         if entry.get("use", "sig") != "sig":
             continue  # encryption keys never verify signatures
         family = _jwk_family(entry)
         if family is None:
-            raise ConfigError(
-                f"{where}: keys[{i}] has an unsupported key type {entry.get('kty')!r}"
-            )
+            raise fault(f"keys[{i}] has an unsupported key type {str(entry.get('kty'))[:20]!r}")
         declared = entry.get("alg")
         if declared is not None:
             if declared not in family:
-                raise ConfigError(
-                    f"{where}: keys[{i}] declares alg {declared!r}, which is not for a "
+                raise fault(
+                    f"keys[{i}] declares alg {str(declared)[:20]!r}, which is not for a "
                     f"{entry.get('kty')} key"
                 )
             family = frozenset({declared})
@@ -160,7 +161,9 @@ def _jwks_keys(path: str, allowed: frozenset[str]) -> list[VerificationKey]:
             # The key is the same object for every algorithm of its family.
             jwk = jwt.PyJWK(entry, algorithm=sorted(algorithms)[0])
         except (jwt.PyJWTError, ValueError, TypeError, KeyError) as exc:
-            raise ConfigError(f"{where}: keys[{i}] is not a valid key: {exc}") from None
+            # Some PyJWT messages quote the whole JWK (an `oct` key is a secret).
+            text = str(exc) if "{" not in str(exc) else type(exc).__name__
+            raise fault(f"keys[{i}] is not a valid key: {text[:120]}") from None
         kid = jwk.key_id
         keys.append(
             VerificationKey(
@@ -168,7 +171,5 @@ def _jwks_keys(path: str, allowed: frozenset[str]) -> list[VerificationKey]:
             )
         )
     if not keys:
-        raise ConfigError(
-            f"{where}: no signing key usable with identity.jwt.algorithms {sorted(allowed)}"
-        )
+        raise fault(f"no signing key usable with identity.jwt.algorithms {sorted(allowed)}")
     return keys

@@ -1,16 +1,17 @@
 """What every authenticator shares: the `Authenticator` interface, the names of the
-authenticators, the rules for user, group and tenant names, and the 401 for bad
-credentials."""
+authenticators, the rules for user, group and tenant names (`printable`, the rule for
+every identity's names, lives beside `Identity` in `sidecar.context`, where impersonation
+uses it too), and the 401 for bad credentials."""
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Protocol
 
 from aiohttp import web
 
 from sidecar.context import Identity
+from sidecar.context import printable as printable
 from sidecar.errors import StatusError, unauthorized
 from sidecar.target import is_dns1123_label
 
@@ -20,10 +21,6 @@ TRUSTED = "trusted-headers"
 
 # RFC 6750 b64token.
 BEARER = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
-MAX_NAME = 256
-# Control characters (C0 and C1, e.g. U+0085), line and paragraph separators
-# (U+2028, U+2029) and lone surrogates: a name holding one could break a log line.
-_NOT_IN_NAMES = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 class Authenticator(Protocol):
@@ -38,14 +35,6 @@ class Authenticator(Protocol):
 def reject(message: str) -> StatusError:
     """The 401 for credentials that were recognised but are not valid."""
     return unauthorized(message)
-
-
-def printable(value: str) -> bool:
-    """User and group names become header values and log fields: bounded, and no
-    character that any reader could take for a line break or a control."""
-    return 0 < len(value) <= MAX_NAME and not any(
-        unicodedata.category(c) in _NOT_IN_NAMES for c in value
-    )
 
 
 def tenant_name(value: object, source: str) -> str:

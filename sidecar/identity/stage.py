@@ -2,11 +2,13 @@
 
 The authenticators are tried in a fixed order (JWT, static token, trusted headers);
 the first that recognises the request wins. The stage then computes what later stages
-need to know about the caller, once: the target with short paths resolved to the
-caller's tenant, and the mode (enforce / dry-run) in force for that tenant. Incoming
-`X-Remote-*` headers of a request that did not come through the trusted-header
-authenticator are dropped from the request, so no later stage can read a spoofed value
-(the proxy also drops them and sets its own).
+need to know about the caller, once (`settle`): the target with short paths resolved to
+the caller's tenant, and the mode (enforce / dry-run) in force for that tenant. A
+request with `Impersonate-*` headers keeps its short path unresolved: the impersonation
+stage (`sidecar/identity/impersonation.py`, after the tenant rate limit) settles it for
+whomever the request acts as. Incoming `X-Remote-*` headers of a request that did not
+come through the trusted-header authenticator are dropped from the request, so no later
+stage can read a spoofed value (the proxy also drops them and sets its own).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from sidecar.identity.keys import load_jwt_keys
 from sidecar.identity.names import BEARER, TRUSTED, Authenticator, reject
 from sidecar.identity.tokens import StaticTokenAuthenticator, load_token_file
 from sidecar.pipeline import Handler
+from sidecar.policy.decide import normalize
+from sidecar.policy.impersonation import requested
 from sidecar.policy.modes import mode_for
 
 _MAX_TOKEN = 16 * 1024
 _REMOTE_PREFIX = "x-remote-"
 
-__all__ = ["IdentityStage", "build_authenticators", "parse_authorization"]
+__all__ = ["IdentityStage", "build_authenticators", "parse_authorization", "settle"]
 
 
 def build_authenticators(cfg: IdentityConfig) -> list[Authenticator]:
@@ -85,14 +89,23 @@ class IdentityStage:
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         identity = self.authenticate(ctx.request)
-        ctx.identity = identity
         ctx.audit["authenticator"] = identity.authenticator
         if identity.authenticator != TRUSTED:
             _strip_remote_headers(ctx)
-        if ctx.target is not None and ctx.target.resource_request:
-            ctx.target = ctx.target.resolve_tenant(identity.tenant)
-        ctx.mode = mode_for(self.global_mode, ctx.policy.tenant_modes, identity.tenant)
+        resolve = not requested(ctx.request.headers.keys())
+        settle(ctx, identity, self.global_mode, resolve_target=resolve)
         return await call_next(ctx)
+
+
+def settle(
+    ctx: RequestContext, identity: Identity, global_mode: str, *, resolve_target: bool = True
+) -> None:
+    """`identity` becomes the request's: its short path resolved to that identity's
+    tenant (unless `resolve_target` is off) and the mode in force for that tenant."""
+    ctx.identity = identity
+    if resolve_target and ctx.target is not None and ctx.target.resource_request:
+        ctx.target = normalize(ctx.target, identity)
+    ctx.mode = mode_for(global_mode, ctx.policy.tenant_modes, identity.tenant)
 
 
 def _strip_remote_headers(ctx: RequestContext) -> None:

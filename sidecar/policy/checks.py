@@ -7,7 +7,9 @@
   resource that may be namespaced. Owner rules reach cluster-scoped objects only
   (DESIGN §5), so such a rule never grants another tenant's objects; its author
   probably expected it to.
-- Lint (`lint`, warnings too, failing only `policy check --strict`): see `lint`.
+- Lint (`lint`, warnings too, failing only `policy check --strict`): see `lint`; and
+  `mode_warnings`: a `TenantMode` that puts a tenant in dry-run (its refusals inside
+  its own tenant are forwarded), so `check --strict` never waves a mode change through.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sidecar.policy.decide import REVIEWS
 from sidecar.policy.diff import Atom, rule_atoms
 from sidecar.policy.files import Document, Node, NodeList, Problem
-from sidecar.policy.rbac import TENANT_ROLE_BINDING, RbacPolicy, Rule
-from sidecar.policy.scopes import is_tenant_scoped, owner_rule_warning
+from sidecar.policy.modes import DRY_RUN, MODE_KINDS
+from sidecar.policy.rbac import CLUSTER_ROLE_BINDING, TENANT_ROLE_BINDING, RbacPolicy, Rule
+from sidecar.policy.scopes import is_cluster_scoped, is_tenant_scoped, owner_rule_warning
 from sidecar.target import DEFAULT_TENANT, SYSTEM_TENANT
 
 RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
@@ -92,8 +96,9 @@ def lint(policy: RbacPolicy) -> list[Problem]:
     """Warnings about the RBAC policy as a whole (`policy check`; they fail only with
     `--strict`): roles nothing binds, bindings to roles that grant nothing, rules
     wholly shadowed by a broader rule of the same subject, owner rules on tenant-scoped
-    resources (namespaced ones: `warnings`), and TenantRoleBindings granting every verb
-    on every resource."""
+    resources (namespaced ones: `warnings`), TenantRoleBindings granting every verb
+    on every resource, and ClusterRoleBindings that give every tenant's users access
+    inside every tenant (`_every_tenant`)."""
     out: list[Problem] = []
     bound = {b.role.key for b in policy.bindings}
     for role in policy.roles.values():
@@ -126,7 +131,90 @@ def lint(policy: RbacPolicy) -> list[Problem]:
                 f"tenant {b.tenant!r} through {b.role.label}"
             )))  # fmt: skip
     out += _shadowed(policy)
+    out += _every_tenant(policy)
     return sorted(set(out), key=lambda p: (p.file, p.line, p.message))
+
+
+def _every_tenant(policy: RbacPolicy) -> list[Problem]:
+    """A ClusterRoleBinding is in force in every tenant: bound to a group every
+    tenant's users carry (`system:authenticated`, or a group it names in every tenant
+    the policy knows, at least two), a rule on resources that live inside tenants
+    gives each tenant's users that access in every other tenant too."""
+    tenants = {b.tenant for b in policy.bindings if b.tenant and b.tenant != SYSTEM_TENANT}
+    tenants |= {
+        s.tenant
+        for b in policy.bindings
+        for s in b.subjects
+        if s.tenant not in ("*", SYSTEM_TENANT)
+    }
+    out: list[Problem] = []
+    for b in policy.bindings:
+        if b.kind != CLUSTER_ROLE_BINDING:
+            continue
+        resources = sorted({r for rule in b.role.rules for r in _inside_tenants(rule)})
+        if not resources:
+            continue
+        named: dict[str, set[str]] = {}
+        who: list[str] = []
+        for s in b.subjects:
+            if s.kind != "Group":
+                continue
+            if s.tenant == "*":
+                who.append(f"group {s.name!r} (every tenant's users)")
+            else:
+                named.setdefault(s.name, set()).add(s.tenant)
+        if len(tenants) >= 2:
+            who += [
+                f"group {name!r} of every tenant ({', '.join(sorted(ts))})"
+                for name, ts in sorted(named.items())
+                if ts >= tenants
+            ]
+        if not who:
+            continue
+        out.append(Problem(b.file, b.line, (
+            f"WARNING: {b.label} grants {', '.join(resources)} through {b.role.label} to "
+            f"{'; '.join(who)}: a ClusterRoleBinding is in force in every tenant, so each "
+            "tenant's users get this access inside every other tenant (bind it per tenant "
+            "with TenantRoleBindings)"
+        )))  # fmt: skip
+    return out
+
+
+def _inside_tenants(rule: Rule) -> list[str]:
+    """The resources of a rule that live inside tenants (not cluster-scoped objects,
+    nor the reviews every caller may make of its own access)."""
+    return [
+        resource
+        for resource in rule.resources
+        if any(
+            group == "*"
+            or resource.startswith("*")
+            or not (
+                (group, resource.partition("/")[0]) in REVIEWS or is_cluster_scoped(group, resource)
+            )
+            for group in rule.api_groups
+        )
+    ]
+
+
+def mode_warnings(docs: Sequence[Document]) -> list[Problem]:
+    """A `TenantMode` that puts a tenant in dry-run (lint: fails `check --strict`)."""
+    out: list[Problem] = []
+    for doc in docs:
+        if doc.kind not in MODE_KINDS:
+            continue
+        spec = doc.body.get("spec")
+        if not isinstance(spec, Node) or spec.get("mode") != DRY_RUN:
+            continue
+        tenant = spec.get("tenant")
+        out.append(doc.problem(
+            f"WARNING: TenantMode {doc.name} puts tenant {tenant!r} in dry-run: its refusals "
+            f"inside tenant {tenant!r} (RBAC 403s, rate limits, quotas) are logged and "
+            "forwarded, not answered",
+            spec,
+            "mode",
+        ))  # fmt: skip
+    return out
 
 
 def _at(rule_id: str, message: str) -> Problem:

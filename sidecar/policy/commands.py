@@ -4,10 +4,15 @@
 - `check DIR…` prints every problem as `file:line: message` (all of them, one run)
   and exits 1 if there is any; warnings (`file:line: WARNING: …`) are printed too but
   never change the exit status unless `--strict`; lint warnings (unbound roles, empty
-  roles, shadowed rules, …: `checks.lint`) go to stderr, and only for a valid tree.
+  roles, shadowed rules, grants to every tenant's users, dry-run TenantModes, …:
+  `checks.lint`, `checks.mode_warnings`) go to stderr, and only for a valid tree.
 - `test DIR…` runs every `PolicyTest` case, prints one line per failing case
   (expected vs actual and the reason), the summary `N passed, M failed`, and the
   rules no case exercised; exits 1 on a failure, a policy problem, or no cases.
+  A case the policy refuses but whose caller's mode (`--mode`, the config's global
+  mode, or a `TenantMode`) forwards anyway is listed too (`…: live: …`), so a mode
+  change shows in the test run; it does not fail the run (`policy diff` and `check
+  --strict` do).
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from sidecar.errors import StatusError
 from sidecar.policy import diff, explain, whocan
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.checks import cross_document_problems, lint, warnings
+from sidecar.policy.checks import cross_document_problems, lint, mode_warnings, warnings
+from sidecar.policy.explain import case_verdict
 from sidecar.policy.files import Problem
+from sidecar.policy.modes import ENFORCE, MODES, describe, forwards, mode_for, mode_source
 from sidecar.policy.testing import PolicyCase, parse_tests, run_tests
+from sidecar.target import TargetError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also exit non-zero when some rule is exercised by no test case",
     )
     test.add_argument("-v", "--verbose", action="store_true", help="print passing cases too")
+    test.add_argument(
+        "--mode",
+        choices=MODES,
+        default=ENFORCE,
+        help="the config's global mode (a TenantMode overrides it for its tenant)",
+    )
     test.set_defaults(func=_test)
 
     explain.add_commands(sub)
@@ -74,7 +89,7 @@ def _check(args: argparse.Namespace) -> int:
         # Lint reads the compiled policy, which a broken tree does not give whole (a
         # dropped binding would make its role look unbound). Its warnings go to stderr,
         # with the summary, so stdout stays `file:line` problems and rule warnings.
-        linted = lint(bundle.engine.policy)
+        linted = lint(bundle.engine.policy) + mode_warnings(bundle.documents)
         for w in linted:
             print(w, file=sys.stderr)
         found += linted
@@ -101,6 +116,11 @@ def _test(args: argparse.Namespace) -> int:
             print(result.failure_line())
         elif args.verbose:
             print(f"{result.case.where}: ok {result.case.name} ({result.actual})")
+    relaxed = _relaxed_cases(bundle, cases, args.mode)
+    for line in relaxed:
+        print(line)
+    if relaxed:
+        print(f"{len(relaxed)} refused case(s) are forwarded live by their caller's mode")
     for rule in report.uncovered:
         print(f"untested rule: {rule}")
     if report.uncovered:
@@ -114,3 +134,20 @@ def _test(args: argparse.Namespace) -> int:
     if args.fail_uncovered and report.uncovered:
         return 1
     return 0
+
+
+def _relaxed_cases(
+    bundle: PolicyBundle, cases: Sequence[PolicyCase], global_mode: str
+) -> list[str]:
+    """One line per case the policy refuses and its caller's mode forwards anyway."""
+    out: list[str] = []
+    for case in cases:
+        mode = mode_for(global_mode, bundle.tenant_modes, case.tenant)
+        try:
+            v = case_verdict(bundle, case.as_mapping())
+        except (ValueError, TargetError, StatusError):
+            continue  # reported as a failing case
+        if not v.allowed and forwards(v, mode):
+            note = describe(mode, mode_source(bundle.tenant_modes, case.tenant), v)
+            out.append(f"{case.where}: live: {case.name}: expects {case.expect}; mode {note}")
+    return out

@@ -14,6 +14,14 @@ again), `sidecar policy explain` and `policy test`, the access reviews
 Built-in grants, in force whatever the policy: anyone may review their own access
 (`selfsubjectaccessreviews`, `selfsubjectrulesreviews`, `selfsubjectreviews`), and a
 tenant's users may read its own quota (DESIGN §7).
+
+Which refusals a mode may relax is decided here too, once (`_mode_rule`): a mode
+(dry-run, global or per tenant) relaxes only a 403 of a request inside the caller's own
+tenant (`isolation.inside_caller_tenant`). Isolation, concealment (every 404), the
+cluster level, non-resource URLs, access reviews, impersonation and the owner-field
+rule on writes hold in every mode (`Verdict.held` says which); a relaxed write still
+has its body's owner fields checked (`Verdict.body`), so a mode never sets another
+tenant as owner.
 """
 
 from __future__ import annotations
@@ -23,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.context import Identity
 from sidecar.errors import StatusError, forbidden, forbidden_message, not_found
-from sidecar.isolation import QUOTA_GROUP, outside_caller_tenant, refusal
+from sidecar.isolation import QUOTA_GROUP, inside_caller_tenant, outside_caller_tenant, refusal
 from sidecar.policy.decision import NO_OWNER_CONSTRAINTS, OwnerConstraints, Verdict
 from sidecar.policy.engine import DecisionCache, Grant, Match, PolicyEngine
 from sidecar.policy.owner import PatchKind, enforce_owner, owner_value
-from sidecar.policy.scopes import TENANT_OBJECTS
+from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label
 
 if TYPE_CHECKING:
@@ -36,7 +44,7 @@ if TYPE_CHECKING:
 NO_BODY: Any = object()
 
 # Items an owner rule decides by the stored object's owner (subresources included).
-_OWNER_ITEM_VERBS = frozenset({"get", "update", "patch", "delete"})
+OWNER_ITEM_VERBS = frozenset({"get", "update", "patch", "delete"})
 # Writes whose body says who owns the object (subresource bodies are not the object).
 _OWNER_BODY_VERBS = frozenset({"create", "update", "patch"})
 
@@ -49,6 +57,8 @@ SELF_REVIEWS = frozenset(
         (AUTHENTICATION_GROUP, "selfsubjectreviews"),
     }
 )
+# Every review the sidecar answers itself (`sidecar/reviews.py`).
+REVIEWS = SELF_REVIEWS | {(AUTHORIZATION_GROUP, "subjectaccessreviews")}
 
 
 def decide(
@@ -70,18 +80,38 @@ def decide(
     whole object, "merge" or "json"); a body of the wrong JSON type raises a 400
     `StatusError` (bad input, not a decision). `conceal`: `concealOtherTenants`."""
     engine = bundle if isinstance(bundle, PolicyEngine) else bundle.engine
-    rev = engine.revision
     target = normalize(target, identity)
     builtin = _builtin_grant(identity, target)
     if builtin:
+        rev = engine.revision
         return Verdict("allow", f"allowed: {builtin}", rev, target, explanation=builtin)
     m = (
         cache.match(engine, identity, target)
         if cache is not None
         else engine.match(identity, target)
     )
+    verdict = _decide(engine, cache, m, identity, target, obj, body, conceal, patch)
+    if verdict.allowed:
+        return verdict
+    return _mode_rule(engine, verdict, m, identity, target, body, patch)
+
+
+def _decide(
+    engine: PolicyEngine,
+    cache: DecisionCache | None,
+    m: Match,
+    identity: Identity,
+    target: RequestTarget,
+    obj: Any,
+    body: Any,
+    conceal: bool,
+    patch: PatchKind,
+) -> Verdict:
+    """The verdict without the mode rule (`decide`, on a normalized target)."""
+    rev = engine.revision
     if m.invalid:
-        return Verdict("deny", m.invalid, rev, target, error=forbidden(m.invalid))
+        held = "an invalid caller or target is refused in every mode"
+        return Verdict("deny", m.invalid, rev, target, held=held, error=forbidden(m.invalid))
     if m.unconditional is None and not m.owner and outside_caller_tenant(identity, target):
         reach = (
             cache.can_reach(engine, identity, target)
@@ -103,12 +133,24 @@ def decide(
 
 
 def normalize(target: RequestTarget, identity: Identity) -> RequestTarget:
-    """The target as decided: a short path in the caller's tenant (`default` for the
-    system tenant), and a cluster-scoped object that stands for a tenant (its Tenant
-    object, its quota) inside that tenant."""
+    """The target as decided (and forwarded): a short path in the caller's tenant
+    (`default` for the system tenant); a tenant user's list or watch of a resource
+    stored under tenants at the cluster level (`kubectl get -A`) in its own tenant
+    (DESIGN §3; `system` callers keep the all-tenants meaning); and a cluster-scoped
+    object that stands for a tenant (its Tenant object, its quota) inside that tenant."""
     if not target.resource_request:
         return target
     target = target.resolve_tenant(identity.tenant)
+    if (
+        target.scope == Scope.CLUSTER
+        and not identity.is_operator
+        and target.verb in ("list", "watch")
+        and (target.name_from_selector or not target.name)
+        and not target.subresource
+        and not is_cluster_scoped(target.api_group, target.resource)
+        and (target.api_group, target.resource) not in TENANT_OBJECTS
+    ):
+        return target.within_tenant(identity.tenant)
     if (
         target.scope == Scope.CLUSTER
         and target.tenant is None
@@ -184,7 +226,7 @@ def _owner_rules(
             first.rule_id,
             first.owner_field,
         )
-    if not target.name or verb not in _OWNER_ITEM_VERBS:
+    if not target.name or verb not in OWNER_ITEM_VERBS:
         return _refused(
             rev,
             identity,
@@ -262,9 +304,70 @@ def _owner_constraints(
             outcome="deny",
             reason=exc.message,
             owner=owner,
+            held=_OWNER_HELD,
             error=exc,
         )
     return dataclasses.replace(verdict, owner=owner, body=checked)
+
+
+_OWNER_HELD = "owner fields: a write never sets another tenant as owner, in any mode"
+
+
+def _mode_rule(
+    engine: PolicyEngine,
+    verdict: Verdict,
+    m: Match,
+    identity: Identity,
+    target: RequestTarget,
+    body: Any,
+    patch: PatchKind,
+) -> Verdict:
+    """A refusal: whether a mode may relax it (`relaxable`), or why none does (`held`).
+    The one place of this rule. A relaxable write that carries owner fields is relaxed
+    only with its body checked as an allowed one would be (owner left the caller's
+    tenant, filled in when empty): `needs_body` until the body is given."""
+    held = verdict.held or _held(verdict, identity, target)
+    if held:
+        return dataclasses.replace(verdict, relaxable=False, held=held)
+    fields: dict[str, None] = {}
+    if target.verb in _OWNER_BODY_VERBS and not target.subresource:
+        fields = dict.fromkeys(g.owner_field for g in _owner_grants(m))
+        fields.update(dict.fromkeys(engine.owner_fields(target.api_group, target.resource)))
+    if not fields:
+        return dataclasses.replace(verdict, relaxable=True)
+    owner = OwnerConstraints(body_fields=tuple(fields))
+    if body is NO_BODY:
+        return dataclasses.replace(verdict, relaxable=True, owner=owner, needs_body=True)
+    try:
+        checked = enforce_owner(body, identity.tenant, owner.body_fields, target.verb, patch)
+    except StatusError as exc:
+        if exc.code != 403:
+            raise
+        held = f"{_OWNER_HELD} ({exc.message})"
+        return dataclasses.replace(verdict, relaxable=False, held=held, owner=owner)
+    return dataclasses.replace(verdict, relaxable=True, owner=owner, body=checked)
+
+
+def _held(verdict: Verdict, identity: Identity, target: RequestTarget) -> str:
+    """Why no mode relaxes this refusal ("": a mode may)."""
+    if verdict.isolated:
+        return "isolation: another tenant or the cluster level is out of reach in every mode"
+    if verdict.status == 404:
+        return "concealment: a 404 is the same in every mode"
+    if not target.resource_request:
+        return "a non-resource URL is outside every tenant: refused in every mode"
+    if (target.api_group, target.resource) in REVIEWS:
+        return "access reviews are answered the same in every mode"
+    if target.verb == "impersonate":
+        return "impersonation is checked in every mode"
+    if not inside_caller_tenant(identity, target):
+        where = (
+            f"the cluster-scoped {target.full_resource}"
+            if target.scope == Scope.CLUSTER
+            else f"tenant {target.tenant!r}"
+        )
+        return f"{where} is outside the caller's tenant {identity.tenant!r}: refused in every mode"
+    return ""
 
 
 def _owner_grants(m: Match) -> tuple[Grant, ...]:

@@ -3,7 +3,10 @@
 A `Verdict` says what the request gets (allow / filter → forwarded, deny → 403,
 notfound → 404), why, which binding → role → rule allowed it, and what owner rules
 still ask of it (a list filter, the owner fields a write's body must keep to the
-caller's tenant, or the stored object the verdict depends on).
+caller's tenant, or the stored object the verdict depends on). A refusal also says
+whether a mode (dry-run) may relax it (`relaxable`) or why no mode ever does (`held`):
+`decide.py` computes both, and every stage, command and review that asks "would this
+be forwarded?" reads them (`sidecar.policy.modes.forwards`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ class Verdict:
     body: Any = None
     # Refused by tenant isolation (the target is outside the caller's reach).
     isolated: bool = False
+    # A refusal inside the caller's own tenant, which a mode (dry-run) may relax: the
+    # request is then forwarded as this verdict still asks (`owner`, `body`).
+    relaxable: bool = False
+    # Why no mode relaxes this refusal (isolation, concealment, owner rules, ...); ""
+    # when allowed or relaxable.
+    held: str = ""
     # What the caller gets for a refusal (403 or 404 Status); None when allowed.
     error: StatusError | None = field(default=None, compare=False)
 

@@ -20,7 +20,10 @@ atom matches it and no `except` atom does. The diff is exact: `decide()` gives a
 different access (unconditional, owner-only, none) for a subject's caller in OLD and
 NEW exactly when some change covers the request (property test in
 `tests/sidecar/policy/test_diff.py`). An owner atom only covers requests an owner rule
-can decide (`decide._owner_rules`). Rate-limit and quota changes are listed per tenant.
+can decide (`decide.OWNER_ITEM_VERBS`). Rate-limit and quota changes are listed per tenant,
+and so are mode changes (`TenantMode`: a tenant put in or taken out of dry-run, or
+moved back to the global mode; the global mode itself is the config's `mode`, not
+the policy's): each is a change of behaviour, so the exit status is 1.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from typing import Any
 from sidecar.context import Identity
 from sidecar.policy.bundle import PolicyBundle, build_bundle
 from sidecar.policy.compile import NO_DOMAIN, OWNER_PREFIX, PLine, rule_match, split_set
-from sidecar.policy.decide import _OWNER_ITEM_VERBS, normalize
+from sidecar.policy.decide import OWNER_ITEM_VERBS, normalize
 from sidecar.policy.engine import PolicyEngine, request_vector, subject_keys
 from sidecar.policy.files import LoadResult, Problem, load_documents
+from sidecar.policy.modes import DRY_RUN
 from sidecar.policy.rbac import NON_RESOURCE_VERBS, RESOURCE_VERBS, Rule
 from sidecar.policy.scopes import is_cluster_scoped
 from sidecar.target import RequestTarget
@@ -93,7 +97,7 @@ class Atom:
             return (
                 verb == "list"
                 or (verb == "create" and not name)
-                or (bool(name) and verb in _OWNER_ITEM_VERBS)
+                or (bool(name) and verb in OWNER_ITEM_VERBS)
             )
         return True
 
@@ -327,10 +331,42 @@ class PolicyDiff:
     changes: list[Change] = field(default_factory=list)
     rate_limits: list[str] = field(default_factory=list)
     quotas: list[str] = field(default_factory=list)
+    modes: list[ModeChange] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.changes or self.rate_limits or self.quotas)
+        return bool(self.changes or self.rate_limits or self.quotas or self.modes)
+
+    @property
+    def side_lines(self) -> list[str]:
+        """Rate-limit, quota and mode changes, one line each."""
+        return self.rate_limits + self.quotas + [m.describe() for m in self.modes]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeChange:
+    """A tenant's mode in OLD and NEW (None: no TenantMode, the config's global mode)."""
+
+    tenant: str
+    old: str | None
+    new: str | None
+
+    def describe(self) -> str:
+        def shown(mode: str | None) -> str:
+            return mode if mode is not None else "the global mode (config `mode`)"
+
+        line = f"mode of tenant {self.tenant}: {shown(self.old)} → {shown(self.new)}"
+        if self.new == DRY_RUN:
+            line += (
+                f" (refusals inside tenant {self.tenant}: RBAC 403s, rate limits and "
+                "quotas, are logged and forwarded)"
+            )
+        elif self.new is None:
+            line += " (dry-run if the config's mode is dry-run)"
+        return line
+
+    def as_json(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "old": self.old, "new": self.new}
 
 
 def _side_changes(gain: list[Atom], base: list[Atom]) -> list[tuple[Atom, tuple[Atom, ...]]]:
@@ -379,7 +415,15 @@ def diff_bundles(old: PolicyBundle, new: PolicyBundle) -> PolicyDiff:
             )
     result.rate_limits = _rate_limit_changes(old, new)
     result.quotas = _quota_changes(old, new)
+    result.modes = _mode_changes(old, new)
     return result
+
+
+def _mode_changes(old: PolicyBundle, new: PolicyBundle) -> list[ModeChange]:
+    o, n = old.tenant_modes, new.tenant_modes
+    return [
+        ModeChange(t, o.get(t), n.get(t)) for t in sorted(set(o) | set(n)) if o.get(t) != n.get(t)
+    ]
 
 
 def _rate_limit_changes(old: PolicyBundle, new: PolicyBundle) -> list[str]:
@@ -551,7 +595,7 @@ def format_text(d: PolicyDiff) -> str:
             lines.append(f"      via {via} ({'NEW' if gained else 'OLD'})")
             if note:
                 lines.append(f"      {note}")
-    for line in d.rate_limits + d.quotas:
+    for line in d.side_lines:
         lines.append(f"~ {line}")
     return "\n".join(lines) + ("\n" if lines else "no change of effective access\n")
 
@@ -579,9 +623,9 @@ def format_markdown(d: PolicyDiff, old: str, new: str) -> str:
             side = "NEW" if g else "OLD"
             out.append(f"| {sign} | `{what}` | {', '.join(where)} | {via} ({side}) | {note} |")
         out.append("")
-    if d.rate_limits or d.quotas:
-        out += ["#### Rate limits and quotas", ""]
-        out += [f"- {line}" for line in d.rate_limits + d.quotas]
+    if d.side_lines:
+        out += ["#### Rate limits, quotas and modes", ""]
+        out += [f"- {line}" for line in d.side_lines]
         out.append("")
     return "\n".join(out)
 
@@ -616,6 +660,7 @@ def _diff_cmd(args: argparse.Namespace) -> int:
             "changes": [c.as_json() for c in d.changes],
             "rateLimits": d.rate_limits,
             "quotas": d.quotas,
+            "modes": [m.as_json() for m in d.modes],
         }
         print(json.dumps(obj, indent=None))
     elif args.markdown:
@@ -632,6 +677,7 @@ def diff_sources(old: str, new: str) -> PolicyDiff:
 __all__ = [
     "Atom",
     "Change",
+    "ModeChange",
     "PolicyDiff",
     "SourceError",
     "diff_bundles",

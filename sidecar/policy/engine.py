@@ -96,6 +96,11 @@ class Match:
         return self.unconditional is None and bool(self.owner)
 
 
+# What most unknown callers get: one shared object, so that the decision cache's
+# entries for a flood of made-up tenants add no object for the garbage collector.
+NO_MATCH = Match()
+
+
 @dataclass
 class _Role:
     label: str
@@ -249,7 +254,7 @@ class PolicyEngine:
                         if not line[6]:
                             return Match(unconditional=grant, owner=tuple(owner))
                         owner.append(grant)
-        return Match(owner=tuple(owner))
+        return Match(owner=tuple(owner)) if owner else NO_MATCH
 
     def _in_force(
         self,
@@ -348,19 +353,23 @@ class DecisionCache:
 
     @staticmethod
     def key(engine: PolicyEngine, identity: Identity, target: RequestTarget) -> tuple[Any, ...]:
+        # One flat tuple of strings (the groups last, after the fixed fields): the
+        # garbage collector stops tracking it the first time it looks, so a full
+        # collection never scans the cache's keys (an enum member or a nested tuple
+        # would keep them tracked).
         return (
             engine.revision,
             identity.user,
             identity.tenant,
-            tuple(sorted(identity.groups)),
             target.verb,
             target.api_group,
             target.full_resource,
             target.name,
-            target.scope,
+            "" if target.scope is None else target.scope.value,
             target.tenant,
             target.namespace,
             "" if target.resource_request else target.path,
+            *sorted(identity.groups),
         )
 
     def _get(

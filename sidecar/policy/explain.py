@@ -9,6 +9,13 @@ exactly when it answers 403. A refused request is explained with its near misses
 the caller's own rules that almost allowed it, and what differed. A case's `body`,
 when given, is checked as the sidecar checks the body of a write (a list is a JSON
 patch, a mapping a merge patch for PATCH).
+
+Every explanation names the mode in force for the caller (`--mode`: the config's
+global mode, default enforce; a `TenantMode` of the directory overrides it for its
+tenant) and what the live request gets in it: `mode: dry-run (tenant acme): would
+deny, forwarded` (`--json`: `"mode"`, `"modeSource"`, `"live"`: "forwarded" or the
+refusal's outcome, and that line as `"modeNote"`). A mode relaxes only what the
+verdict says it may (`Verdict.relaxable`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from sidecar.policy.decide import NO_BODY, decide
 from sidecar.policy.decision import OUTCOMES as _OUTCOMES
 from sidecar.policy.decision import STATUS, Verdict
 from sidecar.policy.engine import PolicyEngine, request_vector, subject_keys
+from sidecar.policy.impersonation import case_impersonation
+from sidecar.policy.modes import ENFORCE, MODES, describe, forwards, mode_for, mode_source
 from sidecar.policy.owner import PatchKind
 from sidecar.policy.rbac import Rule
 from sidecar.target import RequestTarget, TargetError, parse_target
@@ -35,8 +44,7 @@ OUTCOMES = frozenset(_OUTCOMES)
 
 
 def parse_request(method: str, path: str) -> RequestTarget:
-    raw_path, _, query = path.partition("?")
-    return parse_target(method, raw_path, query)
+    return parse_target(method, path)
 
 
 def case_patch_kind(method: str, body: Any) -> PatchKind:
@@ -77,15 +85,22 @@ def explain(
     path: str,
     obj: Any = None,
     conceal: bool = True,
+    global_mode: str = ENFORCE,
 ) -> dict[str, Any]:
-    """The `policy explain --json` object. Raises TargetError for a malformed path."""
+    """The `policy explain --json` object. Raises TargetError for a malformed path.
+    `global_mode`: the config's `mode`, which a TenantMode of the bundle overrides."""
     v = explain_verdict(bundle, identity, method, path, obj, conceal=conceal)
     assert v.target is not None
+    mode = mode_for(global_mode, bundle.tenant_modes, identity.tenant)
     out: dict[str, Any] = {
         "target": v.target.as_dict(),
         "decision": v.outcome,
         "reason": v.reason,
         "revision": v.revision,
+        "mode": mode,
+        "modeSource": mode_source(bundle.tenant_modes, identity.tenant),
+        "live": "forwarded" if forwards(v, mode) else v.outcome,
+        "modeNote": describe(mode, mode_source(bundle.tenant_modes, identity.tenant), v),
     }
     if not v.allowed:
         out["nearMisses"] = near_misses(bundle.engine, identity, v.target)
@@ -175,31 +190,41 @@ def case_identity(raw: Any) -> Identity:
     return Identity(user, tenant, tuple(groups), "policytest")
 
 
+def case_verdict(bundle: PolicyBundle, case: Mapping[str, Any], conceal: bool = True) -> Verdict:
+    """The verdict for one PolicyTest case. Raises ValueError, TargetError or a 400
+    StatusError for a malformed case, request or body."""
+    identity = case_identity(case.get("identity"))
+    if case.get("impersonate") is not None:
+        identity, refused = case_impersonation(bundle, identity, case["impersonate"], conceal)
+        if refused is not None:
+            return refused
+    request = case.get("request")
+    if not isinstance(request, Mapping):
+        raise ValueError("'request' must be a mapping with method and path")
+    method, path = request.get("method", "GET"), request.get("path")
+    if not isinstance(method, str) or not isinstance(path, str):
+        raise ValueError("'request' needs string 'method' and 'path'")
+    body = request.get("body")
+    if isinstance(body, str):
+        body = json.loads(body)
+    return explain_verdict(
+        bundle,
+        identity,
+        method,
+        path,
+        case.get("object"),
+        NO_BODY if body is None else body,
+        conceal,
+    )
+
+
 def evaluate_case(
     bundle: PolicyBundle, case: Mapping[str, Any], conceal: bool = True
 ) -> tuple[str, str, str]:
     """(actual outcome, reason, rule id) for one PolicyTest case. A malformed case,
     request or body gives the outcome "error" with the reason."""
     try:
-        identity = case_identity(case.get("identity"))
-        request = case.get("request")
-        if not isinstance(request, Mapping):
-            raise ValueError("'request' must be a mapping with method and path")
-        method, path = request.get("method", "GET"), request.get("path")
-        if not isinstance(method, str) or not isinstance(path, str):
-            raise ValueError("'request' needs string 'method' and 'path'")
-        body = request.get("body")
-        if isinstance(body, str):
-            body = json.loads(body)
-        v = explain_verdict(
-            bundle,
-            identity,
-            method,
-            path,
-            case.get("object"),
-            NO_BODY if body is None else body,
-            conceal,
-        )
+        v = case_verdict(bundle, case, conceal)
     except (ValueError, TargetError, StatusError) as exc:
         return "error", str(getattr(exc, "message", exc)), ""
     return v.outcome, v.reason, v.rule_id
@@ -212,6 +237,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ex.add_argument("--group", action="append", default=[], dest="groups")
     ex.add_argument("--object", default=None, help="the stored object as JSON (owner rules)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
+    ex.add_argument(
+        "--mode",
+        choices=MODES,
+        default=ENFORCE,
+        help="the config's global mode (a TenantMode of DIR overrides it for its tenant)",
+    )
     ex.add_argument("method")
     ex.add_argument("path")
     ex.add_argument("dirs", nargs="*", default=["policies"])
@@ -234,7 +265,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
         print(p, file=sys.stderr)
     identity = Identity(args.user, args.tenant, tuple(args.groups), "cli")
     try:
-        result = explain(bundle, identity, args.method, args.path, obj)
+        result = explain(bundle, identity, args.method, args.path, obj, global_mode=args.mode)
     except TargetError as exc:
         print(f"bad request target: {exc.message}", file=sys.stderr)
         return 2
@@ -246,6 +277,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     print(f"target:   {shown}")
     print(f"decision: {result['decision']} (HTTP {STATUS[result['decision']]})")
     print(f"reason:   {result['reason']}")
+    print(f"mode:     {result['modeNote']}")
     print(f"revision: {result['revision']}")
     for miss in result.get("nearMisses", []):
         print(f"near miss: {miss['via']}")

@@ -8,14 +8,22 @@ authorization, rate limits and quotas alike:
     metadata: {name: sandbox-dry-run}
     spec: {tenant: sandbox, mode: dry-run}
 
-This module owns the kind's validation and the lookup `mode_for`; the stages that
-enforce decide what "dry-run" means for them (log, count as would-deny, forward).
+This module owns the kind's validation, the lookup `mode_for` (and `mode_source`:
+where the mode comes from), and what a mode does to a verdict: `forwards` (the live
+request is forwarded) and `live` (that, in words, for `policy explain`, `can-i` and
+access reviews). Which refusals a mode may relax is not decided here but by the one
+decision function (`Verdict.relaxable`, `policy/decide.py`): only refusals inside the
+caller's own tenant; isolation, concealment, owner rules, impersonation and reviews
+hold in every mode. The rate-limit and quota stages relax their own refusals, which
+are the caller's tenant's (its buckets; a quota of its own tenant,
+`isolation.inside_caller_tenant`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sidecar.policy.decision import Verdict
 from sidecar.policy.files import Document, Node, Problem
 from sidecar.target import is_dns1123_label
 
@@ -36,6 +44,56 @@ def mode_for(global_mode: str, tenant_modes: Mapping[str, str], tenant: str | No
         if override is not None:
             return override
     return global_mode
+
+
+def mode_source(tenant_modes: Mapping[str, str], tenant: str | None) -> str:
+    """Where the caller's mode comes from: "tenant T" (a TenantMode) or "global"."""
+    if tenant is not None and tenant in tenant_modes:
+        return f"tenant {tenant}"
+    return "global"
+
+
+def forwards(verdict: Verdict, mode: str) -> bool:
+    """Whether the live request with this verdict is forwarded in `mode`: allowed, or
+    a refusal the verdict says a mode may relax, in dry-run."""
+    return verdict.allowed or (mode == DRY_RUN and verdict.relaxable)
+
+
+def live(verdict: Verdict, mode: str) -> str:
+    """What the live request gets in `mode`, in words ("forwarded", "would deny,
+    forwarded", "denied (HTTP 403), in every mode: …")."""
+    if verdict.outcome == "filter":
+        t = verdict.target
+        return (
+            "forwarded, owner-filtered" if t is None or t.verb == "list" else "forwarded, owner set"
+        )
+    if verdict.allowed:
+        return "forwarded"
+    would = "would deny" if verdict.outcome == "deny" else f"would answer {verdict.status}"
+    if forwards(verdict, mode):
+        checked = " if its owner fields are the caller's tenant" if verdict.needs_body else ""
+        return f"{would}, forwarded{checked}"
+    refused = "denied" if verdict.outcome == "deny" else "not found"
+    if mode == DRY_RUN and verdict.held:
+        return f"{refused} (HTTP {verdict.status}), not relaxed: {verdict.held}"
+    return f"{refused} (HTTP {verdict.status})"
+
+
+def summary(mode: str, source: str, tenant: str) -> str:
+    """What the caller's mode means for all its requests (`policy can-i --list`)."""
+    if mode != DRY_RUN:
+        return f"{mode} ({source}): every refusal is answered"
+    return (
+        f"{mode} ({source}): refusals inside tenant {tenant} (RBAC 403s, rate limits, "
+        "quotas) are logged and forwarded; isolation, concealment (404s), the cluster "
+        "level, owner rules, impersonation and access reviews hold"
+    )
+
+
+def describe(mode: str, source: str, verdict: Verdict) -> str:
+    """`mode: dry-run (tenant acme): would deny, forwarded`: the mode in force for the
+    caller, where it comes from, and what the live request gets."""
+    return f"{mode} ({source}): {live(verdict, mode)}"
 
 
 def parse_tenant_modes(docs: Sequence[Document]) -> tuple[dict[str, str], list[Problem]]:

@@ -3,10 +3,11 @@
 Owns reading an owner field out of an object, the owner lookup through the upstream
 (a GET the sidecar makes itself; reads may use a bounded TTL cache keyed by the
 caller's tenant so one tenant never sees another's entry, writes always read fresh),
-the owner filter for list responses, and the body rule for writes under a grant that
-is not cluster-wide (`enforce_owner`: the owner is the caller's tenant, filled in
-when empty). The policy side (which grant applies, which fields carry an owner)
-lives in the engine; this module never imports it.
+the owner filter for list responses (`list_filter`: which items and Table rows pass,
+item by item; the streaming itself is sidecar/listfilter.py's), and the body rule
+for writes under a grant that is not cluster-wide (`enforce_owner`: the owner is the
+caller's tenant, filled in when empty). The policy side (which grant applies, which
+fields carry an owner) lives in the engine; this module never imports it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -120,25 +122,100 @@ class OwnerLookup:
             self._cache.pop((identity.tenant, item_path(target)), None)
 
 
-def list_filter(tenant: str, field: str) -> Callable[[int, bytes], bytes]:
-    """A response filter keeping only list items whose owner is `tenant`. A 2xx body
-    that is not a JSON list comes back as an empty list: never unfiltered."""
+# What kubectl's `get` asks for (DESIGN §10): a `meta.k8s.io` Table, `v1` or `v1beta1`.
+TABLE_GROUP = "meta.k8s.io"
+TABLE_VERSIONS = ("v1", "v1beta1")
+INCLUDE_OBJECT = ("Metadata", "Object", "None")
 
-    def apply(status: int, body: bytes) -> bytes:
-        if not 200 <= status < 300:
-            return body
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-            return json.dumps(
-                {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []}
-            ).encode()
-        doc["items"] = [i for i in doc["items"] if owner_value(i, field) == tenant]
-        return json.dumps(doc).encode()
 
-    return apply
+def table_version(accept: str) -> str | None:
+    """The Table apiVersion an `Accept` header asks for before plain JSON, or None.
+    The reading of the reference store (backing_store/tables.py), kept in step with it
+    by a contract test: the first JSON media range decides."""
+    for media_range in accept.split(","):
+        kind, *params = (part.strip() for part in media_range.split(";"))
+        if kind.lower() not in ("application/json", "application/*", "*/*"):
+            continue
+        options = dict(p.split("=", 1) for p in params if "=" in p)
+        wanted = options.get("as")
+        if wanted is None:
+            return None  # plain JSON comes first
+        if (
+            wanted == "Table"
+            and options.get("g") == TABLE_GROUP
+            and options.get("v") in TABLE_VERSIONS
+        ):
+            return f"{TABLE_GROUP}/{options['v']}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerListFilter:
+    """The owner filter of one list (DESIGN §5): which items and Table rows the caller
+    may see, and what a kept row carries. Applied item by item as the answer streams
+    (sidecar/listfilter.py).
+
+    A list asked for as a Table (`table`, kubectl's `get`) is forwarded with
+    `includeObject=Object`, so every row carries the object its owner is read from;
+    a kept row then carries what the client asked for (`include`): the object, its
+    `PartialObjectMetadata` (the Kubernetes default, `Metadata`) or nothing. A row
+    whose object has no owner (e.g. an upstream that ignored `includeObject`) is
+    dropped: never shown unfiltered."""
+
+    tenant: str
+    field: str
+    table: str | None = None
+    include: str = "Metadata"
+
+    @property
+    def upstream_query(self) -> list[tuple[str, str]]:
+        """The parameters the list is forwarded with (replacing the client's own)."""
+        query = [("owner", self.tenant)]
+        if self.table is not None:
+            query.append(("includeObject", "Object"))
+        return query
+
+    def item(self, obj: Any) -> Any | None:
+        """A list item as the caller sees it, or None when the caller does not own it."""
+        return obj if owner_value(obj, self.field) == self.tenant else None
+
+    def row(self, row: Any) -> Any | None:
+        """A Table row as the caller sees it, or None when the caller does not own its
+        object."""
+        if not isinstance(row, dict) or owner_value(row.get("object"), self.field) != self.tenant:
+            return None
+        if self.table is None or self.include == "Object":
+            return row
+        shown = {k: v for k, v in row.items() if k != "object"}
+        if self.include == "Metadata":
+            # As the Kubernetes API server does (handlers/response.go `asTable`): the
+            # object's metadata, as a PartialObjectMetadata of the Table's group version.
+            meta = row["object"].get("metadata")
+            shown["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": self.table,
+                "metadata": meta if isinstance(meta, dict) else {},
+            }
+        return shown
+
+
+def list_filter(
+    tenant: str, field: str, accept: str = "", include_object: str | None = None
+) -> OwnerListFilter:
+    """The owner filter for a list by a caller whose only grant is an owner rule.
+    `accept`: the request's Accept header (a Table asked for?); `include_object`: its
+    `includeObject` parameter, read as the store reads it (empty means Metadata), 400
+    for any other value when a Table is asked for."""
+    table = table_version(accept)
+    include = include_object or "Metadata"
+    if table is None:
+        return OwnerListFilter(tenant, field)
+    if include not in INCLUDE_OBJECT:
+        raise StatusError(
+            400,
+            f"includeObject must be one of {', '.join(INCLUDE_OBJECT)}, not {include[:64]!r}",
+        )
+    return OwnerListFilter(tenant, field, table, include)
 
 
 PatchKind = str  # "" (a whole object), "merge" or "json"

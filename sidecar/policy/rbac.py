@@ -28,9 +28,21 @@ ROLE_KINDS = frozenset({CLUSTER_ROLE, TENANT_ROLE, ROLE})
 BINDING_KINDS = frozenset({CLUSTER_ROLE_BINDING, TENANT_ROLE_BINDING, ROLE_BINDING})
 RBAC_KINDS = ROLE_KINDS | BINDING_KINDS
 
-# Verbs the request parser can produce (DESIGN §3), plus the wildcard.
+# Verbs the request parser can produce (DESIGN §3), `impersonate` (the impersonation
+# headers, DESIGN §4), and the wildcard.
 RESOURCE_VERBS = frozenset(
-    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*"}
+    {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+        "impersonate",
+        "*",
+    }
 )
 NON_RESOURCE_VERBS = frozenset({"get", "head", "post", "put", "patch", "delete", "options", "*"})
 # Verbs an owner rule can decide: items by their stored owner, lists by filtering,

@@ -20,6 +20,8 @@
 - `watching` is set once the file watcher runs (notifications registered, or the
   polling baseline taken), so a change made after it is never missed: tests and
   callers wait on it instead of sleeping.
+- After each swap the `on_swap` callbacks get the new bundle (open watches are decided
+  again with it, sidecar/watches.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,8 @@ class Reloader:
         self._lock = asyncio.Lock()
         # Set when the file watcher runs: a change made after this is noticed.
         self.watching = asyncio.Event()
+        # Called with the new bundle after each swap (sync, cheap: they schedule work).
+        self.on_swap: list[Callable[[PolicyBundle], None]] = []
         # Counters for tests and /readyz.
         self.attempts = 0
         self.swaps = 0
@@ -227,6 +231,11 @@ class Reloader:
         self.metrics.policy_reloads.labels("success").inc()
         self.publish()
         log.info("policy reloaded: revision %s -> %s", old, bundle.revision)
+        for callback in self.on_swap:
+            try:
+                callback(bundle)
+            except Exception:  # the swap stands whatever a listener does
+                log.exception("a policy swap listener failed")
         return True
 
     def _retire(self, bundle: PolicyBundle) -> None:

@@ -11,6 +11,11 @@ A suite is a list of cases, each an identity, a request and the expected outcome
       object: null          # the stored object, for owner rules (optional)
       expect: allow         # allow | deny | filter | notfound
 
+A case may have the caller impersonate someone (`kubectl --as`, DESIGN §4):
+`impersonate: {user, groups?, uid?, tenant?, extra?}` (`tenant` is
+`Impersonate-Extra-Tenant`). A refused impersonation is `deny`; an allowed one decides
+the request as the impersonated identity (`sidecar.policy.impersonation`).
+
 Cases are decided by the one decision function the running sidecar uses
 (`explain.evaluate_case` → `decide.decide`, isolation included), so an expected
 `notfound` is the sidecar's 404 and `deny` its 403. Coverage: every rule the policy compiles to has
@@ -34,7 +39,7 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 _TOP_FIELDS = frozenset({"apiVersion", "kind", "metadata", "cases"})
 _META_FIELDS = frozenset({"name", "annotations", "labels"})
-_CASE_FIELDS = frozenset({"name", "identity", "request", "object", "expect"})
+_CASE_FIELDS = frozenset({"name", "identity", "impersonate", "request", "object", "expect"})
 _IDENTITY_FIELDS = frozenset({"user", "tenant", "groups"})
 _REQUEST_FIELDS = frozenset({"method", "path", "body"})
 
@@ -53,6 +58,8 @@ class PolicyCase:
     expect: str
     body: Any = None
     object: Any = None
+    # `impersonate: {user, groups, uid, tenant, extra}`, when the case has one.
+    impersonate: Any = None
     suite: str = ""
     file: str = ""
     line: int = 0
@@ -74,13 +81,16 @@ class PolicyCase:
 
     def as_mapping(self) -> dict[str, Any]:
         """The case in its YAML shape (what `explain.evaluate_case` reads)."""
-        return {
+        out = {
             "name": self.name,
             "identity": self.identity,
             "request": self.request,
             "object": self.object,
             "expect": self.expect,
         }
+        if self.impersonate is not None:
+            out["impersonate"] = self.impersonate
+        return out
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,13 @@ def _parse_case(
             bad("identity.groups must be a list of strings", identity, "groups")
         else:
             groups = tuple(g)
+    impersonate = raw.get("impersonate")
+    if impersonate is not None and not isinstance(impersonate, Node):
+        bad(
+            "impersonate must be a mapping {user, groups?, uid?, tenant?, extra?}",
+            raw,
+            "impersonate",
+        )
     request = raw.get("request")
     method = path = ""
     body: Any = None
@@ -237,6 +254,7 @@ def _parse_case(
         expect=str(expect),
         body=_plain(body),
         object=_plain(raw.get("object")),
+        impersonate=_plain(impersonate),
         suite=suite,
         file=doc.file,
         line=line,

@@ -4,10 +4,14 @@ Owns the two operator questions asked of a policy directory:
 - who-can VERB RESOURCE: every binding subject (and `system:authenticated`) for whom
   the one decision function (`decide.py`) allows the request, with the binding → role →
   rule that does; a grant that holds only for objects the subject's tenant owns is
-  marked owner-only. A subject that gets the access only as an authenticated caller is
-  not repeated (the `system:authenticated` line says it).
+  marked owner-only. Without `--name`, an item verb (get, update, patch, delete, and
+  every subresource verb: `patch nodes/power`) is asked of "some object": an owner
+  rule grants it for the objects the subject's tenant owns, so it is listed, owner-only.
+  A subject that gets the access only as an authenticated caller is not repeated (the
+  `system:authenticated` line says it).
 - can-i --list: the rules in force for an identity, computed by `rules.py` (the code
-  behind `selfsubjectrulesreviews`), owner rules marked.
+  behind `selfsubjectrulesreviews`), owner rules marked, and the mode in force for it
+  (`--mode`: the config's global mode; a TenantMode of DIR overrides it).
 
 RESOURCE is `resource[.group][/subresource]` (`pods`, `servers.compute`,
 `nodes/power`). An unknown verb, or a resource no rule names and the scope tables do
@@ -17,6 +21,7 @@ not know, is a one-line error (exit 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -24,7 +29,9 @@ from typing import Any
 
 from sidecar.context import Identity
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.decide import decide
+from sidecar.policy.decide import OWNER_ITEM_VERBS, decide
+from sidecar.policy.impersonation import RESOURCES as IMPERSONATION_RESOURCES
+from sidecar.policy.modes import ENFORCE, MODES, mode_for, mode_source, summary
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, RESOURCE_VERBS
 from sidecar.policy.rules import rules_in_force
 from sidecar.policy.scopes import CLUSTER_SCOPED, TENANT_SCOPED, is_cluster_scoped
@@ -33,6 +40,8 @@ from sidecar.target import RequestTarget, Scope, is_dns1123_label
 # A user name no subject may have (a User subject named `*` is a validation error), so
 # the probe identity of a group has the group's grants and nothing of its own.
 _NOBODY = "*"
+# The name of "some object" an item verb without --name is asked of (owner rules).
+_SOME_OBJECT = "who-can-some-object"
 
 
 class WhoCanError(Exception):
@@ -100,7 +109,7 @@ def who_can_target(
 
 
 def _known(bundle: PolicyBundle, group: str, resource: str) -> bool:
-    if (group, resource) in CLUSTER_SCOPED | TENANT_SCOPED:
+    if (group, resource) in CLUSTER_SCOPED | TENANT_SCOPED | IMPERSONATION_RESOURCES:
         return True
     for role in bundle.engine.policy.roles.values():
         for rule in role.rules:
@@ -143,9 +152,12 @@ def _grant(bundle: PolicyBundle, identity: Identity, target: RequestTarget) -> H
     v = decide(bundle, identity, target, None)
     if v.allowed:
         return Holder("", v.explanation, v.outcome == "filter")
+    if not target.name and target.verb in OWNER_ITEM_VERBS:
+        # "Some object": an owner rule decides an item by its owner, so ask of one.
+        target = dataclasses.replace(target, name=_SOME_OBJECT)
+        v = decide(bundle, identity, target, None)
     if v.needs_object:
-        owned = {"spec": {"owner": identity.tenant}}
-        v2 = decide(bundle, identity, target, _owned(v.owner_field, identity.tenant) or owned)
+        v2 = decide(bundle, identity, target, _owned(v.owner_field, identity.tenant))
         if v2.allowed:
             return Holder("", v2.explanation, True)
     return None
@@ -200,9 +212,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     c.add_argument("--group", action="append", default=[], dest="groups")
     c.add_argument("--namespace", default="")
     c.add_argument("--json", action="store_true")
+    c.add_argument(
+        "--mode",
+        choices=MODES,
+        default=ENFORCE,
+        help="the config's global mode (a TenantMode of DIR overrides it for its tenant)",
+    )
     c.add_argument("dir", nargs="?", default="policies", metavar="DIR")
     c.set_defaults(func=_can_i_cmd)
-    _options_first(c, {"--user", "--tenant", "--group", "--namespace"})
+    _options_first(c, {"--user", "--tenant", "--group", "--namespace", "--mode"})
 
 
 def _options_first(parser: argparse.ArgumentParser, valued: set[str]) -> None:
@@ -274,10 +292,14 @@ def _can_i_cmd(args: argparse.Namespace) -> int:
             return 2
     identity = Identity(args.user, args.tenant, tuple(args.groups), "cli")
     rules = rules_in_force(bundle.engine, identity, args.tenant, args.namespace)
+    mode = mode_for(args.mode, bundle.tenant_modes, args.tenant)
+    source = mode_source(bundle.tenant_modes, args.tenant)
     if args.json:
         print(
             json.dumps(
                 {
+                    "mode": mode,
+                    "modeSource": source,
                     "resourceRules": [r.as_k8s() for r in rules.resource_rules],
                     "nonResourceRules": [r.as_k8s() for r in rules.non_resource_rules],
                     "ownerRules": [
@@ -287,6 +309,7 @@ def _can_i_cmd(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    print(f"mode: {summary(mode, source, args.tenant)}")
     print(f"{'Resources':<40} {'Non-Resource URLs':<20} {'Resource Names':<20} Verbs")
     for r in rules.resource_rules + rules.owner_rules:
         res = ", ".join(f"{x}.{g}" if g else x for x in r.resources for g in r.api_groups)

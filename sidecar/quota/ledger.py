@@ -9,7 +9,17 @@ as a whole (namespace "") and for each namespace:
 - limits set through the quota API (they override the policy files' limits);
 - tombstones of recent deletes, so a reconcile that raced a delete does not revive it;
 - claims: a reservation may hold a claim (an `Idempotency-Key` of a create, or the
-  object an update changes), at most one live reservation per claim and tenant.
+  object an update changes), at most one live reservation per claim and tenant; a
+  committed create that holds an `Idempotency-Key` keeps the create's answer (`Answer`)
+  until it expires, so a retry gets that answer replayed (`ClaimReplay`);
+- unsettled reservations: a pending create whose outcome the sidecar did not see is
+  marked with the object it would have made (`mark_unsettled`), so any sidecar process
+  can settle it against the store (`unsettled`; DESIGN §7).
+
+Every operation is idempotent by reservation id, so a call whose answer was lost (a
+ledger that stalled past the client's timeout) can be made again, and a release may
+arrive before the reserve it undoes: the released id is remembered until it would have
+expired, and a reserve with it does nothing.
 
 Every operation is one atomic step in the backend (in SQLite a savepoint of a
 `BEGIN IMMEDIATE` transaction that may carry other operations queued with it, see
@@ -21,7 +31,9 @@ namespace scope) before its first write.
 from __future__ import annotations
 
 import abc
+import base64
 import hashlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,12 +52,16 @@ class LedgerError(Exception):
     """The ledger could not be reached or failed; quota-tracked creates answer 503.
 
     `str(exc)` is `reason`: short and safe to show in a Status body or `/readyz` (never a
-    file path, URL or exception text). `detail` carries those, for the log only."""
+    file path, URL or exception text). `detail` carries those, for the log only.
+    `ambiguous`: the operation may have taken effect all the same, or may still (its
+    answer was lost: a timeout, a connection cut after the call was sent); otherwise it
+    certainly did not (a transaction rolled back, a refused command)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", ambiguous: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.detail = detail or reason
+        self.ambiguous = ambiguous
 
 
 class ClaimConflict(Exception):
@@ -79,6 +95,46 @@ class QuotaExceeded(Exception):
         self.used = used
         self.in_progress = in_progress
         self.limit = limit
+
+
+class ClaimReplay(Exception):
+    """The `Idempotency-Key` was used by the same create, which completed: its answer is
+    replayed (DESIGN §7), whatever the quota says now."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__("replay")
+        self.answer = answer
+
+
+# A create's answer larger than this is not kept for replay (a retry then reaches the
+# store, which answers AlreadyExists); real create answers are far smaller.
+MAX_ANSWER_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A create's answer as the client got it, kept for an `Idempotency-Key` replay."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+    def encode(self) -> str:
+        """A compact JSON string (the body base64), or "" when too large to keep."""
+        if len(self.body) > MAX_ANSWER_BYTES:
+            return ""
+        return json.dumps(
+            [self.status, self.content_type, base64.b64encode(self.body).decode("ascii")],
+            separators=(",", ":"),
+        )
+
+    @staticmethod
+    def decode(text: str) -> Answer | None:
+        try:
+            status, ctype, body = json.loads(text)
+            return Answer(int(status), str(ctype), base64.b64decode(body))
+        except (ValueError, TypeError):
+            return None
 
 
 @dataclass(frozen=True)
@@ -191,8 +247,12 @@ class Ledger(abc.ABC):
         With a `claim`: a live reservation holding the same claim key with another
         fingerprint → ClaimConflict(in_flight=False); a pending one with the same
         fingerprint → ClaimConflict(in_flight=True); a committed one with the same
-        fingerprint is replaced, and this request is checked and charged like any other
-        (a claim never skips the check)."""
+        fingerprint that kept its answer → ClaimReplay (nothing checked or written);
+        one without an answer is replaced, and this request is checked and charged like
+        any other (a claim never skips the check).
+
+        A reservation id reserves once: a second call with the same id (a retry), or one
+        made after the id was released, does nothing."""
 
     @abc.abstractmethod
     async def reserve_change(
@@ -219,15 +279,35 @@ class Ledger(abc.ABC):
         recorded charge. An object deleted since the reservation stays deleted."""
 
     @abc.abstractmethod
-    async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
-        """Record object `name` with the reservation's charge and move it from
-        in_progress to used. Idempotent per object: returns False when the object was
-        already recorded. Works (charges used) even if the reservation expired."""
+    async def commit(
+        self,
+        reservation: Reservation,
+        name: str,
+        resource: str,
+        charge: Mapping[str, int] | None = None,
+        answer: Answer | None = None,
+    ) -> bool:
+        """Drop the reservation from in_progress and record object `name` with `charge`
+        (the object as the store made it; the reservation's charge when None) in used.
+        A reservation holding a claim keeps `answer` for a replay. Idempotent per
+        object: returns False when the object was already recorded. Works (charges
+        used) even if the reservation expired or was released."""
 
     @abc.abstractmethod
     async def release(self, reservation: Reservation) -> None:
         """Drop a pending reservation (and its claim); a committed or expired one is
-        left alone."""
+        left alone. An id never reserved is remembered as released until the TTL has
+        passed, so a reserve with it that arrives late does nothing."""
+
+    @abc.abstractmethod
+    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+        """A pending create's outcome is unknown: remember the object it would have made,
+        so that any process can settle it (`unsettled`). It still counts as in progress.
+        A reservation that is no longer pending is left alone."""
+
+    @abc.abstractmethod
+    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+        """The tenant's pending reservations marked by `mark_unsettled` (not expired)."""
 
     @abc.abstractmethod
     async def delete(self, obj: ObjectRef) -> Charge | None:
@@ -265,7 +345,8 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     async def ping(self) -> None:
-        """Raise LedgerError when the backend is unreachable."""
+        """A write (a heartbeat): raise LedgerError when the backend cannot be reached
+        or cannot be written (a full disk, a read-only file, a Redis refusing writes)."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -274,7 +355,9 @@ class Ledger(abc.ABC):
 def open_ledger(
     url: str, ttl_seconds: float, clock: Clock | None = None, redis_prefix: str = "sidecar:quota:"
 ) -> Ledger:
-    """`sqlite:///path` (relative: `sqlite:///./x.db`) or `redis://host:port/db`."""
+    """`sqlite:///path` (relative: `sqlite:///./x.db`), or Redis in any form of
+    sidecar/redis_client.py: `redis://host:port/db`, `redis+cluster://H:P,H:P`,
+    `redis+sentinel://H:P,H:P/SERVICE[/DB]`, `rediss…` for TLS."""
     if url.startswith("sqlite://"):
         from sidecar.quota.sqlite import SqliteLedger
 
@@ -282,9 +365,14 @@ def open_ledger(
         if path.startswith(("/./", "/../", "//")):
             path = path[1:]
         return SqliteLedger(path or ":memory:", ttl_seconds, clock)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    from sidecar.redis_client import SCHEMES
+
+    if url.partition("://")[0].lower() in SCHEMES:
         from sidecar.quota.redis import RedisLedger
 
         return RedisLedger(url, ttl_seconds, clock, prefix=redis_prefix)
     scheme = url.partition(":")[0]  # never the rest: it may hold a password
-    raise ValueError(f"unknown ledger URL scheme {scheme!r} (expected sqlite:///path or redis://…)")
+    raise ValueError(
+        f"unknown ledger URL scheme {scheme!r} (expected sqlite:///path, redis://…, "
+        "redis+cluster://… or redis+sentinel://…)"
+    )

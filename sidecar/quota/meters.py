@@ -1,15 +1,19 @@
 """What a create charges against quota: 1 object of its resource plus `requests.cpu`
 (in millicores) and `requests.memory` (in bytes) summed from the container requests in
-its body (units and the tracked-resource table: `sidecar/quantities.py`).
+its body (units and the tracked-resource table: `sidecar/quantities.py`). Whatever the
+body holds, the result is a charge of integers of at most MAX_UNITS each, or a
+QuantityError (the caller's 400).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecar.quantities import CPU, MEMORY, QuantityError, to_units
+from sidecar.quantities import CPU, MAX_UNITS, MEMORY, QuantityError, to_units
 
 Charge = dict[str, int]
+# `spec.replicas` is an int32 in the Kubernetes API types.
+MAX_REPLICAS = 2**31 - 1
 
 
 def charge_for(resource: str, body: Any) -> Charge:
@@ -25,17 +29,22 @@ def charge_for(resource: str, body: Any) -> Charge:
         template = spec.get("template")
         if isinstance(template, dict) and isinstance(template.get("spec"), dict):
             replicas = spec.get("replicas", 1)
-            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-                raise QuantityError("spec.replicas must be a non-negative integer")
+            if (
+                isinstance(replicas, bool)
+                or not isinstance(replicas, int)
+                or not 0 <= replicas <= MAX_REPLICAS
+            ):
+                raise QuantityError(f"spec.replicas must be an integer from 0 to {MAX_REPLICAS}")
             groups.append((template["spec"].get("containers"), replicas))
         for containers, times in groups:
             c, m = _sum_requests(containers)
             cpu += c * times
             memory += m * times
-    if cpu:
-        charge[CPU] = cpu
-    if memory:
-        charge[MEMORY] = memory
+    for resource, amount in ((CPU, cpu), (MEMORY, memory)):
+        if amount > MAX_UNITS:
+            raise QuantityError(f"the total {resource} of the object is too large")
+        if amount:
+            charge[resource] = amount
     return charge
 
 

@@ -5,8 +5,10 @@ resource the backing store is listed with paging (`?limit=500&continue=…`) as 
 `system` tenant — cluster-wide (`/apis/compute/v1/servers`) for all tenants, or
 `/apis/compute/v1/tenants/{t}/servers` for one — and each tenant's recorded objects
 are replaced by what was listed (`Ledger.reconcile_set`). Objects committed or deleted
-while the listing ran are kept as the ledger has them, and reservations are never
-touched. A resource the store does not serve (404) is left as it is.
+while the listing ran are kept as the ledger has them, and reservations are not
+touched, except those marked unsettled (a create whose outcome no sidecar saw: DESIGN
+§7), which are read back from the store one by one and committed or released
+(`settle.settle_marked`). A resource the store does not serve (404) is left as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sidecar.errors import StatusError
 from sidecar.quantities import TRACKED, QuantityError, Tracked
 from sidecar.quota.ledger import Ledger, LedgerError, ObjectRef, ReconcileResult
 from sidecar.quota.meters import Charge, charge_for
+from sidecar.quota.settle import settle_marked
 
 if TYPE_CHECKING:
     from sidecar.proxy import Upstream
@@ -103,6 +106,10 @@ async def reconcile(
     results: dict[str, ReconcileResult] = {}
     for t in sorted(tenants):
         results[t] = await ledger.reconcile_set(t, covered, found.get(t, {}), started)
+        # Creates whose outcome no sidecar saw (cut at a shutdown, say): read back now.
+        settled = await settle_marked(ledger, lambda path: fetch(path, []), t)
+        if settled:
+            log.info("quota reconcile %s: %d unsettled creates settled", t, settled)
     return results
 
 

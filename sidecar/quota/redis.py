@@ -1,19 +1,38 @@
-"""The Redis quota ledger (`ledger: redis://host:port/db`), shared by replicas on many hosts.
+"""The Redis quota ledger, shared by replicas on many hosts: one server (`redis://`),
+a Redis Cluster (`redis+cluster://`) or a Sentinel-watched master (`redis+sentinel://`),
+each also over TLS; sidecar/redis_client.py turns the URL into the client.
 
 One Lua script per operation, so each is atomic; `reserve` does every check before its
-first write (a script error does not roll back earlier writes). All keys of a tenant
-carry the hash tag `{tenant}`, so one script only ever touches one cluster slot:
+first write (a script error does not roll back earlier writes). A script touches only
+the keys it is passed (the cluster rule), and those are one tenant's, all carrying the
+hash tag `{tenant}`, so every script runs on one cluster slot:
 
   {prefix}{T}:used     hash  "scope|resource" → amount   (scope "" = whole tenant)
   {prefix}{T}:inprog   hash  "scope|resource" → amount   (pending reservations)
-  {prefix}{T}:res      hash  reservation id → {ns, charge, state, claim, fp}: pending
-                             ones, and committed ones holding a claim (until they expire)
+  {prefix}{T}:res      hash  reservation id → {ns, charge, state, claim, fp, answer,
+                             settle}: pending ones, committed ones holding a claim, and
+                             released ids (each until it expires)
   {prefix}{T}:resexp   zset  reservation id by expiry time
   {prefix}{T}:objs     hash  "ns|resource|name" → {ns, charge, at}
   {prefix}{T}:limits   hash  "scope|resource" → API-set hard limit
   {prefix}{T}:tomb     zset  "ns|resource|name" by delete time
   {prefix}{T}:claims   hash  claim → reservation id (Idempotency-Key, object updated)
-  {prefix}tenants      set   tenant names (an index for `quota list`, kept outside scripts)
+
+No key spans tenants: `tenants()` (for `quota list` and a reconcile of all tenants)
+SCANs every master for the tenants' keys, so nothing on one node indexes them all.
+
+The client retries a call across a redirect or a reconnection, so a script may run
+twice for one call: each is idempotent (a reservation id reserves once; commit,
+release and delete act once per object or reservation). A release of an id not (yet)
+reserved remembers it as released until it would have expired, so a reserve that
+timed out and reaches Redis after the sidecar released it does nothing (DESIGN §7).
+A committed create that holds an `Idempotency-Key` keeps its answer (`answer`) for a
+replay; a pending create whose outcome is unknown carries the object it would make
+(`settle`), for any process to settle it. The readiness check writes a heartbeat key
+under the prefix. While a master fails over,
+calls for its tenants fail (LedgerError: quota-tracked creates answer 503) until a
+replica has taken over. Replication is asynchronous: a write acknowledged just before
+the master died may be lost; reconcile restores `used` from the store.
 
 Errors: LedgerError's public reason is "ledger unreachable" (or "ledger error"); the
 Redis message, redacted of any password, is for the log only.
@@ -26,18 +45,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ClusterError, ResponseError
 
 from sidecar.quota.ledger import (
     TENANT_SCOPE,
     TOMBSTONE_SECONDS,
+    Answer,
     Claim,
     ClaimConflict,
+    ClaimReplay,
     Clock,
     Ledger,
     LedgerError,
@@ -49,7 +68,7 @@ from sidecar.quota.ledger import (
     split_field,
 )
 from sidecar.quota.meters import Charge
-from sidecar.redact import redact_text
+from sidecar.redis_client import ERRORS, RedisHandle, error_text, open_redis, tenant_key
 
 # KEYS: used, inprog, res, resexp, objs, limits, tomb, claims
 _COMMON = """
@@ -111,6 +130,8 @@ local expires = tonumber(ARGV[2])
 local id, ns = ARGV[3], ARGV[4]
 local claim, fp = ARGV[8], ARGV[9]
 purge(now)
+-- the same call again (the client retried it): it reserved already
+if redis.call('HEXISTS', KEYS[3], id) == 1 then return {'ok', ''} end
 local previous = nil
 if claim ~= '' then
   local held = redis.call('HGET', KEYS[8], claim)
@@ -119,6 +140,7 @@ if claim ~= '' then
     local r = cjson.decode(raw)
     if r.fp ~= fp then return {'conflict', 'mismatch'} end
     if r.state == 'pending' then return {'conflict', 'inflight'} end
+    if type(r.answer) == 'string' and r.answer ~= '' then return {'replay', r.answer} end
     previous = held
   end
 end
@@ -205,8 +227,10 @@ if raw then
   if r.state == 'pending' then
     apply(KEYS[2], r.ns, r.charge, -1)
     if type(r.claim) == 'string' and r.claim ~= '' then
-      -- kept (committed) until it expires: the claim is remembered
+      -- kept (committed) until it expires: the claim and the answer are remembered
       r.state = 'committed'
+      r.answer = ARGV[7]
+      r.settle = nil
       redis.call('HSET', KEYS[3], id, cjson.encode(r))
     else
       redis.call('HDEL', KEYS[3], id)
@@ -227,7 +251,12 @@ _RELEASE = (
     _COMMON
     + """
 local raw = redis.call('HGET', KEYS[3], ARGV[1])
-if not raw then return 0 end
+if not raw then
+  -- remembered as released until it would have expired: a late reserve does nothing
+  redis.call('HSET', KEYS[3], ARGV[1], cjson.encode({state = 'released', ns = ''}))
+  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+  return 0
+end
 local r = cjson.decode(raw)
 if r.state ~= 'pending' then return 0 end
 drop(ARGV[1])
@@ -279,6 +308,32 @@ else
   end
 end
 return n
+"""
+)
+
+_MARK_UNSETTLED = """
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if not raw then return 0 end
+local r = cjson.decode(raw)
+if r.state ~= 'pending' then return 0 end
+r.settle = ARGV[2]
+redis.call('HSET', KEYS[3], ARGV[1], cjson.encode(r))
+return 1
+"""
+
+_UNSETTLED = (
+    _COMMON
+    + """
+purge(tonumber(ARGV[1]))
+local out = {}
+local all = redis.call('HGETALL', KEYS[3])
+for i = 1, #all, 2 do
+  local r = cjson.decode(all[i + 1])
+  if r.state == 'pending' and type(r.settle) == 'string' and r.settle ~= '' then
+    table.insert(out, {all[i], all[i + 1], redis.call('ZSCORE', KEYS[4], all[i]) or '0'})
+  end
+end
+return out
 """
 )
 
@@ -345,10 +400,7 @@ return {added, removed, changed, before, redis.call('HGETALL', KEYS[1])}
 )
 
 
-# A reserve re-adds its tenant to the `tenants` set at most this often (seconds), and
-# remembers at most this many tenants (then starts again).
-INDEX_REFRESH = 60.0
-INDEX_CACHE_SIZE = 10000
+SUFFIXES = ("used", "inprog", "res", "resexp", "objs", "limits", "tomb", "claims")
 
 
 class RedisLedger(Ledger):
@@ -363,10 +415,8 @@ class RedisLedger(Ledger):
         super().__init__(ttl_seconds, clock)
         self.url = url
         self.prefix = prefix
-        self.client: aioredis.Redis = aioredis.from_url(
-            url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
-        c = self.client
+        self.redis: RedisHandle = open_redis(url, timeout=timeout, decode_responses=True)
+        c = self.client = self.redis.client
         self._reserve = c.register_script(_RESERVE)
         self._reserve_change = c.register_script(_RESERVE_CHANGE)
         self._commit_change = c.register_script(_COMMIT_CHANGE)
@@ -375,50 +425,53 @@ class RedisLedger(Ledger):
         self._delete = c.register_script(_DELETE)
         self._delete_scope = c.register_script(_DELETE_SCOPE)
         self._usage = c.register_script(_USAGE)
+        self._mark_unsettled = c.register_script(_MARK_UNSETTLED)
+        self._unsettled = c.register_script(_UNSETTLED)
         self._set_limit = c.register_script(_SET_LIMIT)
         self._reconcile = c.register_script(_RECONCILE)
-        # Tenants this process added to the `tenants` set, and when (time.monotonic()).
-        self._indexed: dict[str, float] = {}
 
     def keys(self, tenant: str) -> list[str]:
-        base = f"{self.prefix}{{{tenant}}}:"
-        return [
-            base + k
-            for k in ("used", "inprog", "res", "resexp", "objs", "limits", "tomb", "claims")
-        ]
+        return [tenant_key(self.prefix, tenant, k) for k in SUFFIXES]
 
     async def _call(self, script: Any, tenant: str, args: list[Any]) -> Any:
         try:
+            await self.redis.initialize()
             return await script(keys=self.keys(tenant), args=args)
-        except (RedisError, OSError) as exc:
+        except ERRORS as exc:
             raise _error(exc) from exc
-
-    async def _index(self, tenant: str, always: bool = True) -> None:
-        """Add the tenant to the `tenants` set. A reserve skips the call (a round trip
-        on every create) when this process added the tenant less than INDEX_REFRESH
-        seconds ago: members are never removed, and the refresh puts one back should the
-        keys be deleted by hand."""
-        now = time.monotonic()
-        if not always:
-            added = self._indexed.get(tenant)
-            if added is not None and now - added < INDEX_REFRESH:
-                return
-        try:
-            await self.client.sadd(f"{self.prefix}tenants", tenant)
-        except (RedisError, OSError) as exc:
-            raise _error(exc) from exc
-        if len(self._indexed) >= INDEX_CACHE_SIZE:
-            self._indexed.clear()
-        self._indexed[tenant] = now
 
     async def ping(self) -> None:
+        ok, state = await self.redis.state()
+        if not ok:
+            raise LedgerError("ledger unreachable", f"redis ledger {self.redis.name}: {state}")
+        await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        """A write under the prefix (a key that expires by itself): a Redis that answers
+        but refuses writes (out of memory, a read-only replica) fails it."""
         try:
-            await self.client.ping()
-        except (RedisError, OSError) as exc:
-            raise _error(exc) from exc
+            await self.redis.initialize()
+            await self.client.set(self.prefix + "heartbeat", repr(self.clock()), ex=60)
+        except ERRORS as exc:
+            detail = f"redis ledger: {error_text(exc)}"
+            raise LedgerError("ledger refuses writes", detail) from exc
+
+    async def ready(self) -> tuple[bool, str]:
+        """The `/readyz` detail: the topology and its state, e.g. `ledger redis+cluster:
+        3 masters ok`, `ledger redis+sentinel mymaster: master 10.0.0.5:6379 ok`,
+        `ledger unavailable: redis+cluster: 2 of 3 masters reachable`,
+        `ledger unavailable: redis 10.0.0.5:6379: ledger refuses writes` (the heartbeat
+        write failed)."""
+        ok, state = await self.redis.state()
+        if ok:
+            try:
+                await self._heartbeat()
+            except LedgerError as exc:
+                ok, state = False, exc.reason
+        return ok, f"ledger {'' if ok else 'unavailable: '}{self.redis.name}: {state}"
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.redis.close()
 
     async def reserve(
         self,
@@ -432,7 +485,6 @@ class RedisLedger(Ledger):
     ) -> Reservation:
         now = self.clock()
         charge = {k: int(v) for k, v in charge.items() if v > 0}
-        await self._index(tenant, always=False)
         status, payload = await self._call(
             self._reserve,
             tenant,
@@ -452,6 +504,10 @@ class RedisLedger(Ledger):
             raise _refusal(tenant, namespace, payload)
         if status == "conflict":
             raise ClaimConflict(in_flight=payload == "inflight")
+        if status == "replay":
+            answer = Answer.decode(payload)
+            if answer is not None:
+                raise ClaimReplay(answer)
         return Reservation(reservation_id, tenant, namespace, charge, now)
 
     async def reserve_change(
@@ -503,9 +559,17 @@ class RedisLedger(Ledger):
             ],
         )
 
-    async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
+    async def commit(
+        self,
+        reservation: Reservation,
+        name: str,
+        resource: str,
+        charge: Mapping[str, int] | None = None,
+        answer: Answer | None = None,
+    ) -> bool:
         r = reservation
         obj = ObjectRef(r.tenant, r.namespace, resource, name)
+        made = {k: int(v) for k, v in (r.charge if charge is None else charge).items() if v > 0}
         result = await self._call(
             self._commit,
             r.tenant,
@@ -514,14 +578,41 @@ class RedisLedger(Ledger):
                 r.id,
                 obj.key,
                 r.namespace,
-                _enc(r.charge),
+                _enc(made),
                 resource,
+                answer.encode() if answer is not None else "",
             ],
         )
         return bool(result)
 
     async def release(self, reservation: Reservation) -> None:
-        await self._call(self._release, reservation.tenant, [reservation.id])
+        await self._call(
+            self._release,
+            reservation.tenant,
+            [reservation.id, repr(self.clock() + self.ttl)],
+        )
+
+    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+        await self._call(
+            self._mark_unsettled,
+            reservation.tenant,
+            [reservation.id, json.dumps([obj.namespace, obj.resource, obj.name])],
+        )
+
+    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+        rows = await self._call(self._unsettled, tenant, [repr(self.clock())])
+        out = []
+        for rid, raw, expires in rows:
+            r = json.loads(raw)
+            ns, resource, name = json.loads(r["settle"])
+            created = float(expires) - self.ttl
+            out.append(
+                (
+                    Reservation(rid, tenant, r.get("ns", ""), _charge(r.get("charge")), created),
+                    ObjectRef(tenant, ns, resource, name),
+                )
+            )
+        return out
 
     async def delete(self, obj: ObjectRef) -> Charge | None:
         raw = await self._call(
@@ -552,7 +643,6 @@ class RedisLedger(Ledger):
         return Usage(_nest(used), _nest(inprog), _nest(limits))
 
     async def set_limit(self, tenant: str, namespace: str, resource: str, hard: int | None) -> None:
-        await self._index(tenant)
         await self._call(
             self._set_limit,
             tenant,
@@ -563,11 +653,18 @@ class RedisLedger(Ledger):
         )
 
     async def tenants(self) -> list[str]:
+        """Every tenant with a key here, found by a SCAN of every master (no index key
+        that one node would hold for all tenants, or a failover could lose)."""
+        start = tenant_key(self.prefix, "", "")[: -len("}:")]  # `{prefix}{`
+        found: set[str] = set()
         try:
-            members = await self.client.smembers(f"{self.prefix}tenants")
-        except (RedisError, OSError) as exc:
+            async for key in self.redis.scan(_glob_escape(start) + "*}:*"):
+                tenant, sep, suffix = key[len(start) :].rpartition("}:")
+                if sep and suffix in SUFFIXES and tenant:
+                    found.add(tenant)
+        except ERRORS as exc:
             raise _error(exc) from exc
-        return sorted(str(m) for m in members)
+        return sorted(found)
 
     async def reconcile_set(
         self,
@@ -576,7 +673,6 @@ class RedisLedger(Ledger):
         objects: Mapping[ObjectRef, Charge],
         started_at: float,
     ) -> ReconcileResult:
-        await self._index(tenant)
         listing = {
             o.key: {"ns": o.namespace, "res": o.resource, "charge": dict(ch)}
             for o, ch in objects.items()
@@ -602,8 +698,11 @@ class RedisLedger(Ledger):
 
 
 def _error(exc: BaseException) -> LedgerError:
-    reason = "ledger error" if isinstance(exc, ResponseError) else "ledger unreachable"
-    return LedgerError(reason, redact_text(f"redis ledger: {type(exc).__name__}: {exc}"))
+    # A cluster that is down or failing over answers with errors: it is unreachable.
+    error = isinstance(exc, ResponseError) and not isinstance(exc, ClusterError)
+    reason = "ledger error" if error else "ledger unreachable"
+    # Unreachable: the script may have been sent and may run yet (DESIGN §7).
+    return LedgerError(reason, f"redis ledger: {error_text(exc)}", ambiguous=not error)
 
 
 def _refusal(tenant: str, namespace: str, payload: str) -> QuotaExceeded:
@@ -627,3 +726,8 @@ def _nest(flat: list[str]) -> dict[str, dict[str, int]]:
         amount = int(flat[i + 1])
         out.setdefault(scope, {})[res] = amount
     return out
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally in a SCAN pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -20,11 +20,14 @@ handler sleeps and retries (up to 100 ms at a time), which under contention from
 several processes starved some creates for seconds; the kernel hands an `flock` over
 as soon as it is released.
 
-Tables: `reservations` (one row per pending reservation, and per committed one that
-holds a claim, until it expires), `inprog` (the sum of the pending reservations'
+Tables: `reservations` (one row per pending reservation, per committed one that holds
+a claim — with the create's answer for a replay — and per released id, each until it
+expires; a pending one may carry the object it would make, `settle`, once its outcome
+is unknown), `inprog` (the sum of the pending reservations'
 charges per tenant, scope and resource, kept in step with the rows by every operation
 that adds, changes or drops a pending row; reconcile recomputes it from the rows),
-`used`, `objects`, `tombstones` and `limits` (see ledger.py).
+`used`, `objects`, `tombstones`, `limits` (see ledger.py) and `heartbeat` (the one row
+the readiness check writes).
 
 Faults (DESIGN §7, §9): before every transaction the file at the path is checked. If
 it was deleted, the ledger fails closed (LedgerError "ledger file missing"; it does
@@ -56,8 +59,10 @@ from urllib.parse import quote
 from sidecar.quota.ledger import (
     TENANT_SCOPE,
     TOMBSTONE_SECONDS,
+    Answer,
     Claim,
     ClaimConflict,
+    ClaimReplay,
     Clock,
     Ledger,
     LedgerError,
@@ -87,7 +92,8 @@ CREATE TABLE IF NOT EXISTS inprog (
 CREATE TABLE IF NOT EXISTS reservations (
   id TEXT NOT NULL, tenant TEXT NOT NULL, namespace TEXT NOT NULL, charge TEXT NOT NULL,
   state TEXT NOT NULL, expires REAL NOT NULL, claim TEXT NOT NULL DEFAULT '',
-  fp TEXT NOT NULL DEFAULT '', PRIMARY KEY (tenant, id));
+  fp TEXT NOT NULL DEFAULT '', answer TEXT NOT NULL DEFAULT '',
+  settle TEXT NOT NULL DEFAULT '', PRIMARY KEY (tenant, id));
 CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (tenant, expires);
 CREATE TABLE IF NOT EXISTS objects (
   tenant TEXT NOT NULL, namespace TEXT NOT NULL, resource TEXT NOT NULL, name TEXT NOT NULL,
@@ -98,12 +104,15 @@ CREATE TABLE IF NOT EXISTS tombstones (
 CREATE TABLE IF NOT EXISTS limits (
   tenant TEXT NOT NULL, scope TEXT NOT NULL, resource TEXT NOT NULL, hard INTEGER NOT NULL,
   PRIMARY KEY (tenant, scope, resource));
+CREATE TABLE IF NOT EXISTS heartbeat (id INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
-# Files made before claims existed get the two columns (and then the index).
-_MIGRATIONS = (
-    "ALTER TABLE reservations ADD COLUMN claim TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE reservations ADD COLUMN fp TEXT NOT NULL DEFAULT ''",
-)
+# Files made by earlier versions get the columns they lack (and then the index).
+_MIGRATIONS = {
+    "claim": "ALTER TABLE reservations ADD COLUMN claim TEXT NOT NULL DEFAULT ''",
+    "fp": "ALTER TABLE reservations ADD COLUMN fp TEXT NOT NULL DEFAULT ''",
+    "answer": "ALTER TABLE reservations ADD COLUMN answer TEXT NOT NULL DEFAULT ''",
+    "settle": "ALTER TABLE reservations ADD COLUMN settle TEXT NOT NULL DEFAULT ''",
+}
 # Only reservations that hold a claim are indexed by it (most hold none: every index
 # entry is a write on each reserve and each commit).
 _CLAIM_INDEX = (
@@ -223,7 +232,7 @@ class SqliteLedger(Ledger):
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(_SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(reservations)")}
-            for statement, column in zip(_MIGRATIONS, ("claim", "fp"), strict=True):
+            for column, statement in _MIGRATIONS.items():
                 if column not in columns:
                     with contextlib.suppress(sqlite3.OperationalError):  # another process won
                         conn.execute(statement)
@@ -381,7 +390,12 @@ class SqliteLedger(Ledger):
                 loop.call_soon_threadsafe(_resolve, ops)
 
     async def ping(self) -> None:
-        await self._run(lambda c: c.execute("SELECT 1").fetchone())
+        """A heartbeat written in a transaction like any operation: a full disk or a
+        file that cannot be written fails it, as it would fail a reserve."""
+        now = self.clock()
+        await self._run(
+            lambda c: c.execute("INSERT OR REPLACE INTO heartbeat (id, at) VALUES (1, ?)", (now,))
+        )
 
     async def close(self) -> None:
         """Run what is queued, then close the file (the ledger cannot be used after)."""
@@ -475,10 +489,15 @@ class SqliteLedger(Ledger):
 
         def fn(c: sqlite3.Connection) -> Reservation | Exception:
             self._purge(c, tenant, now)
+            if c.execute(
+                "SELECT 1 FROM reservations WHERE tenant=? AND id=?", (tenant, reservation_id)
+            ).fetchone():
+                # This id reserved already, or was released before it arrived: no-op.
+                return Reservation(reservation_id, tenant, namespace, dict(charge), now)
             previous = None
             if claim is not None:
                 row = c.execute(
-                    "SELECT id, fp, state FROM reservations WHERE tenant=? AND claim=? "
+                    "SELECT id, fp, state, answer FROM reservations WHERE tenant=? AND claim=? "
                     "AND claim != ''",
                     (tenant, claim.key),
                 ).fetchone()
@@ -487,6 +506,9 @@ class SqliteLedger(Ledger):
                         return ClaimConflict(in_flight=False)
                     if row[2] == "pending":
                         return ClaimConflict(in_flight=True)
+                    answer = Answer.decode(row[3]) if row[3] else None
+                    if answer is not None:
+                        return ClaimReplay(answer)
                     previous = row[0]
             refusal = self._check(c, tenant, namespace, charge, tenant_limits, namespace_limits)
             if refusal is not None:
@@ -599,15 +621,23 @@ class SqliteLedger(Ledger):
 
         await self._run(fn)
 
-    async def commit(self, reservation: Reservation, name: str, resource: str) -> bool:
+    async def commit(
+        self,
+        reservation: Reservation,
+        name: str,
+        resource: str,
+        charge: Mapping[str, int] | None = None,
+        answer: Answer | None = None,
+    ) -> bool:
         now = self.clock()
         r = reservation
-        charge = json.dumps(r.charge)
+        made = {k: int(v) for k, v in (r.charge if charge is None else charge).items() if v > 0}
+        kept = answer.encode() if answer is not None else ""
 
         def fn(c: sqlite3.Connection) -> bool:
             # A pending reservation leaves `inprog`; one without a claim has no further
-            # use and goes, one with a claim stays (committed) until it expires, so the
-            # claim is remembered (ledger.py).
+            # use and goes, one with a claim stays (committed, with the answer) until it
+            # expires, so the claim is remembered (ledger.py).
             row = c.execute(
                 "DELETE FROM reservations WHERE tenant=? AND id=? AND state='pending' "
                 "AND claim='' RETURNING namespace, charge",
@@ -615,16 +645,16 @@ class SqliteLedger(Ledger):
             ).fetchone()
             if row is None:
                 row = c.execute(
-                    "UPDATE reservations SET state='committed' WHERE tenant=? AND id=? "
-                    "AND state='pending' RETURNING namespace, charge",
-                    (r.tenant, r.id),
+                    "UPDATE reservations SET state='committed', answer=?, settle='' "
+                    "WHERE tenant=? AND id=? AND state='pending' RETURNING namespace, charge",
+                    (kept, r.tenant, r.id),
                 ).fetchone()
             if row is not None:
                 _bump(c, _BUMP_INPROG, r.tenant, row[0], json.loads(row[1]), -1)
             created = c.execute(
                 "INSERT OR IGNORE INTO objects (tenant, namespace, resource, name, charge, at) "
                 "VALUES (?,?,?,?,?,?)",
-                (r.tenant, r.namespace, resource, name, charge, now),
+                (r.tenant, r.namespace, resource, name, json.dumps(made), now),
             ).rowcount
             if not created:
                 return False
@@ -632,14 +662,59 @@ class SqliteLedger(Ledger):
                 "DELETE FROM tombstones WHERE tenant=? AND namespace=? AND resource=? AND name=?",
                 (r.tenant, r.namespace, resource, name),
             )
-            self._apply_used(c, r.tenant, r.namespace, r.charge, 1)
+            self._apply_used(c, r.tenant, r.namespace, made, 1)
             return True
 
         return await self._run(fn)
 
     async def release(self, reservation: Reservation) -> None:
         r = reservation
-        await self._run(lambda c: _drop_reservation(c, r.tenant, r.id, pending_only=True))
+        expires = self.clock() + self.ttl
+
+        def fn(c: sqlite3.Connection) -> None:
+            _drop_reservation(c, r.tenant, r.id, pending_only=True)
+            # Remembered as released (a reserve with this id that arrives late does
+            # nothing); a committed one is left as it is.
+            c.execute(
+                "INSERT OR IGNORE INTO reservations (id, tenant, namespace, charge, state, "
+                "expires) VALUES (?,?,?,'{}','released',?)",
+                (r.id, r.tenant, r.namespace, expires),
+            )
+
+        await self._run(fn)
+
+    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+        r = reservation
+        mark = json.dumps([obj.namespace, obj.resource, obj.name])
+        await self._run(
+            lambda c: c.execute(
+                "UPDATE reservations SET settle=? WHERE tenant=? AND id=? AND state='pending'",
+                (mark, r.tenant, r.id),
+            )
+        )
+
+    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+        now = self.clock()
+
+        def fn(c: sqlite3.Connection) -> list[tuple[Reservation, ObjectRef]]:
+            self._purge(c, tenant, now)
+            rows = c.execute(
+                "SELECT id, namespace, charge, expires, settle FROM reservations "
+                "WHERE tenant=? AND state='pending' AND settle != ''",
+                (tenant,),
+            ).fetchall()
+            out = []
+            for rid, ns, raw, expires, mark in rows:
+                obj_ns, resource, name = json.loads(mark)
+                out.append(
+                    (
+                        Reservation(rid, tenant, ns, json.loads(raw), expires - self.ttl),
+                        ObjectRef(tenant, obj_ns, resource, name),
+                    )
+                )
+            return out
+
+        return await self._run(fn)
 
     async def delete(self, obj: ObjectRef) -> Charge | None:
         now = self.clock()
@@ -926,4 +1001,8 @@ def _reason(exc: BaseException) -> str:
         return "ledger busy"
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
         return "ledger file is corrupt"
+    if "disk is full" in text:
+        return "ledger disk is full"
+    if "disk i/o error" in text or isinstance(exc, OSError):
+        return "ledger write failed"
     return "ledger error"

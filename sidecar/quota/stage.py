@@ -1,35 +1,48 @@
-"""The quota stage: reserve before a quota-tracked create or update, commit or release
-after it.
+"""The quota stage: reserve before a quota-tracked create or update, then commit,
+release or settle after it (DESIGN §7).
 
-Creates: a create of a tracked resource (meters.TRACKED) reads its body, computes its
-charge (400 on unparsable cpu/memory, nothing reserved), reserves it atomically in the
-tenant and namespace scopes, forwards, then commits on a 2xx answer (recording the
-object's charge under its name, taken from the response) or releases on anything
-else: another status, an exception, a 502/504, a client disconnect (cancellation).
+Creates: a create of a tracked resource (quantities.TRACKED) reads its body, computes
+its charge (400 on unparsable cpu/memory, nothing reserved), reserves it atomically in
+the tenant and namespace scopes, forwards, then:
+- a 2xx answer commits, recording the charge of the object the store answered with
+  (not as sent) under its name taken from the answer;
+- a 4xx answer, or a request that never reached the upstream, releases;
+- anything else is an outcome the sidecar did not see (a 5xx, a timeout, a cut
+  connection or answer, the client or the sidecar going away): the reservation stays
+  in progress and is settled against the store by `settle.Settler` (read the object
+  by name: commit or release), never assumed either way.
 An `Idempotency-Key` is a claim on the reservation (ledger.Claim): the same key with
-another path or body → 422, a retry while the first is in flight → 409, and a key
-never skips the quota check.
+another path or body → 422, a retry while the first is in flight → 409, a retry after
+the first succeeded gets its answer replayed (`Idempotency-Replayed: true`) whatever
+the quota says now, and a key never lets a different create skip the check.
 
 Updates and patches of a tracked object: the stage claims the object in the ledger
-(one update of it in flight at a time, else 409), reads it fresh from the store,
-applies the PUT body or the patch to it (patch.py), computes the new charge with the
-same `charge_for` as creates, reserves the increase over the recorded charge (403
-QuotaExceeded when there is no room), forwards, and on a 2xx records the new charge
-(a decrease is returned); anything else releases.
+(one update of it in flight at a time, else 409), sends the same request to the
+upstream as a `dryRun=All` (`Upstream.dry_run`) and charges the object in that answer
+with the same `charge_for` as creates, so every patch type is charged exactly as the
+upstream applies it (the sidecar holds no patch code); a refused dry run is answered
+as the upstream answered it. It reserves the increase over the recorded charge (403
+QuotaExceeded when there is no room), forwards, and on a 2xx records the stored
+object's charge (a decrease is returned); a 4xx releases; an unseen outcome is
+settled by reading the object.
+
+A ledger call whose answer was lost (a timeout: it may have run) is made again until
+the ledger answers (a reserve that failed is released, a commit made); every ledger
+operation is idempotent by reservation id.
 
 A successful DELETE returns the object's recorded charge; a deleted namespace or
 tenant returns all of its objects' charges, and a deletecollection triggers a
-reconcile of the tenant. Over quota → 403 QuotaExceeded (in dry-run: counted, logged,
-forwarded). A `dryRun=All` write (`is_dry_run_all`) is checked like any other (its
-reservation is released at once, before forwarding) and never committed; its delete
-returns no charge. A ledger that cannot be reached → 503 on tracked creates and on updates
-that raise a charge; its detail goes to the log, never into the body.
+reconcile of the tenant. Over quota → 403 QuotaExceeded (in dry-run mode, for the
+caller's own tenant: counted, logged, forwarded). A `dryRun=All` write
+(`is_dry_run_all`) is checked like any other (its reservation is released at once,
+before forwarding) and never committed; its delete returns no charge. A ledger that
+cannot be reached → 503 on tracked creates and on updates that raise a charge; its
+detail goes to the log, never into the body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -39,13 +52,17 @@ from aiohttp import web
 
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError, bad_request, not_found
+from sidecar.isolation import inside_caller_tenant
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler
+from sidecar.proxy import UpstreamError
 from sidecar.quantities import QuantityError, Tracked, format_units, tracked_for
 from sidecar.quota.gauges import QuotaGauges
 from sidecar.quota.ledger import (
+    Answer,
     Claim,
     ClaimConflict,
+    ClaimReplay,
     Ledger,
     LedgerError,
     ObjectRef,
@@ -57,12 +74,13 @@ from sidecar.quota.ledger import (
     object_claim,
 )
 from sidecar.quota.meters import Charge, charge_for
-from sidecar.quota.patch import MERGE, patch_kind, updated_object
-from sidecar.quota.reconcile import reconcile_tenant, upstream_fetch
+from sidecar.quota.reconcile import RECONCILER, reconcile_tenant, upstream_fetch
+from sidecar.quota.settle import Settler
 from sidecar.target import RequestTarget, Scope
+from sidecar.upstream_pool import UpstreamUnreachable
 
 if TYPE_CHECKING:
-    from sidecar.proxy import Upstream
+    from sidecar.proxy import DryRunAnswer, Upstream
 
 log = logging.getLogger("sidecar.quota")
 
@@ -129,21 +147,22 @@ class QuotaStage:
         self.gauges = gauges
         self.upstream = upstream
         self.reconcile_fetch = upstream_fetch(upstream)
-        # Work that outlives its request: late releases, reconciles after deletes.
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Work that outlives its request: settling unknown outcomes, ledger calls made
+        # again, reconciles after deletes.
+        self.settler = Settler(
+            ledger, self._read_stored, lambda op: metrics.ledger_errors.labels(op).inc()
+        )
+
+    async def _read_stored(self, path: str) -> tuple[int, Any]:
+        return await self.upstream.get_json(path, RECONCILER)
+
+    async def start(self) -> None:
+        """Settle what earlier processes left unsettled (now, then now and then)."""
+        self.settler.start()
 
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Shutdown: what is not settled stays in progress in the ledger."""
+        await self.settler.stop()
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         target, identity = ctx.target, ctx.identity
@@ -193,15 +212,18 @@ class QuotaStage:
         rid = new_reservation_id()
         try:
             reservation = await self._guarded(
+                Reservation(rid, tenant, namespace, charge, self.ledger.clock()),
                 lambda: self.ledger.reserve(
                     tenant, namespace, charge, tenant_limits, ns_limits, rid, claim
-                )
+                ),
             )
         except QuotaExceeded as exc:
             self._refused(ctx, exc)
             # Dry-run: forward anyway; a 2xx still charges `used` (commit needs no
             # reservation).
             reservation = Reservation(rid, tenant, namespace, charge)
+        except ClaimReplay as exc:
+            return _replayed(ctx, exc.answer)
         except ClaimConflict as exc:
             if exc.in_flight:
                 raise StatusError(
@@ -223,66 +245,109 @@ class QuotaStage:
             ctx.audit.setdefault("quota", "reserved")
         self.gauges.mark(tenant)
         if dry:
-            await self._release_shielded(reservation)
+            await self._release(reservation)
             return await self._checked_only(ctx, call_next)
 
+        named = _name_of(body)
+        made = ObjectRef(tenant, namespace, tracked.resource, named) if named else None
         ctx.read_whole_answer = True
-        done = False
         try:
             response = await call_next(ctx)
-            if 200 <= response.status < 300:
-                name = _created_name(_answer(response), body) or f"unnamed-{reservation.id}"
-                done = True
-                await asyncio.shield(self._commit(reservation, name, tracked.resource))
-            return response
-        finally:
-            if not done:
-                await self._release_shielded(reservation)
+        except StatusError as exc:
+            if isinstance(exc, UpstreamError) and not _never_sent(exc):
+                self._unknown(ctx, reservation, made)
+            else:  # refused before anything reached the upstream
+                await self._release(reservation)
+            raise
+        except BaseException:
+            # The client or the sidecar went away (a cancellation), or the exchange broke:
+            # whether the store made it is unknown.
+            self._unknown(ctx, reservation, made)
+            raise
+        if 200 <= response.status < 300:
+            raw = _answer(response)
+            stored = _parsed(raw)
+            name = _name_of(stored) or named or f"unnamed-{reservation.id}"
+            final = _object_charge(tracked, stored) or reservation.charge
+            answer = Answer(response.status, response.headers.get("Content-Type", ""), raw or b"")
+            await self.settler.now_or_later(
+                lambda: self.ledger.commit(reservation, name, tracked.resource, final, answer),
+                "commit",
+            )
+        elif response.status >= 500:
+            self._unknown(ctx, reservation, made)
+        else:
+            await self._release(reservation)
+        return response
 
-    async def _guarded(self, reserve: Callable[[], Awaitable[Reservation]]) -> Reservation:
-        """Run a reserve so that a cancellation (client gone) mid-call never leaks it:
-        the call finishes in the background and what it reserved is released."""
+    def _unknown(
+        self, ctx: RequestContext, reservation: Reservation, made: ObjectRef | None
+    ) -> None:
+        """No complete answer: the reservation stays in progress and is settled against
+        the store (a create without a name: left to its TTL and the next reconcile)."""
+        ctx.audit["quota"] = "unsettled"
+        if made is None:
+            log.info(
+                "request %s: the outcome of a create without a name is unknown; its "
+                "reservation is left to expire and the next reconcile",
+                ctx.request_id,
+            )
+            return
+        self.settler.settle_create(reservation, made)
+
+    async def _guarded(
+        self, reserving: Reservation, reserve: Callable[[], Awaitable[Reservation]]
+    ) -> Reservation:
+        """Run a reserve so that neither a cancellation (client gone) nor a lost answer
+        (the ledger timed out: the reserve may still run) leaks it: what it reserved is
+        released, once the ledger answers again."""
         task = asyncio.ensure_future(reserve())
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
 
             def release_late(t: asyncio.Future[Reservation]) -> None:
-                if not t.cancelled() and t.exception() is None:
-                    self._spawn(self._release(t.result()))
+                if t.cancelled():
+                    return
+                exc = t.exception()
+                if exc is None or (isinstance(exc, LedgerError) and exc.ambiguous):
+                    self.settler.release_later(reserving)
 
             task.add_done_callback(release_late)
             raise
+        except LedgerError as exc:
+            if exc.ambiguous:  # it may have run, or run yet: undone once the ledger answers
+                self.settler.release_later(reserving)
+            raise
 
     def _refused(self, ctx: RequestContext, exc: QuotaExceeded) -> None:
-        """Count a refusal; raise the 403 unless the caller's tenant is in dry-run."""
-        assert ctx.identity is not None
+        """Count a refusal; raise the 403 unless the caller's tenant is in dry-run and
+        the quota is its own tenant's (a mode relaxes own-tenant refusals only, §5)."""
+        assert ctx.identity is not None and ctx.target is not None
         self.metrics.quota_refusals.labels(self.metrics.tenant(exc.tenant), exc.resource).inc()
         self.gauges.mark(exc.tenant)
-        if not ctx.dry_run:
+        if not (ctx.dry_run and inside_caller_tenant(ctx.identity, ctx.target)):
             ctx.audit["quota"] = "refused"
             raise quota_error(exc) from None
         ctx.audit["quota"] = "would_refuse: " + quota_message(exc)
 
-    async def _commit(self, reservation: Reservation, name: str, resource: str) -> None:
-        try:
-            await self.ledger.commit(reservation, name, resource)
-        except LedgerError as exc:
-            # The object exists; its reservation expires and reconcile recounts it.
-            self.metrics.ledger_errors.labels("commit").inc()
-            log.warning("quota commit of %s/%s failed: %s", resource, name, exc.detail)
-
     async def _release(self, reservation: Reservation) -> None:
+        """Release now (the caller waits, shielded from its own cancellation); a ledger
+        failure is retried in the background until the reservation would expire."""
+        task = asyncio.ensure_future(self.ledger.release(reservation))
         try:
-            await self.ledger.release(reservation)
+            await asyncio.shield(task)
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("release").inc()
-            log.warning("quota release failed (expires after the TTL): %s", exc.detail)
+            log.warning("quota release failed (retried): %s", exc.detail)
+            self.settler.release_later(reservation)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._release_failed(t, reservation))
+            raise
 
-    async def _release_shielded(self, reservation: Reservation) -> None:
-        # Shielded: a client disconnect cancels this task, the release must still run.
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(self._release(reservation))
+    def _release_failed(self, task: asyncio.Future[None], reservation: Reservation) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.settler.release_later(reservation)
 
     # -- updates and patches ----------------------------------------------------------
 
@@ -294,23 +359,22 @@ class QuotaStage:
         tracked: Tracked,
         dry: bool = False,
     ) -> web.StreamResponse:
+        """DESIGN §7: the new charge is that of the object the upstream says the update
+        would make (the same request as a `dryRun=All`), so every patch type the
+        upstream applies is charged exactly as it applies it."""
         assert ctx.identity is not None and target.tenant is not None
-        method = ctx.request.method
-        request = ctx.request
-        ctype = request.content_type if "Content-Type" in request.headers else None
-        kind = patch_kind(ctype) if method == "PATCH" else MERGE
-        body = await ctx.read_json()
+        await ctx.read_body()  # any type the upstream takes; the upstream judges it
         tenant, namespace = target.tenant, target.namespace or ""
         obj = ObjectRef(tenant, namespace, tracked.resource, target.name)
-        # Claim the object first, then read it: no other update of it can land between
-        # the read and this update's commit.
+        # Claim the object first, then ask the upstream: no other update of it through
+        # the sidecar can land between the dry run and this update's commit.
         lock: Reservation | None = None
         ledger_down: LedgerError | None = None
+        rid = new_reservation_id()
         try:
             lock = await self._guarded(
-                lambda: self.ledger.reserve(
-                    tenant, namespace, {}, {}, {}, new_reservation_id(), object_claim(obj)
-                )
+                Reservation(rid, tenant, namespace, {}, self.ledger.clock()),
+                lambda: self.ledger.reserve(tenant, namespace, {}, {}, {}, rid, object_claim(obj)),
             )
         except ClaimConflict:
             raise StatusError(
@@ -319,32 +383,30 @@ class QuotaStage:
         except LedgerError as exc:
             self.metrics.ledger_errors.labels("reserve").inc()
             ledger_down = exc
-        done = False
+        settled = False
         try:
-            current = await self._fresh(ctx, target, tracked)
-            new_charge = _charge(tracked, updated_object(method, kind, current, body))
-            try:
-                base = charge_for(tracked.resource, current)
-            except QuantityError:
-                base = {tracked.resource: 1}
-            raises = any(d > 0 for d in charge_delta(new_charge, base).values())
+            would = await self.upstream.dry_run(ctx)
+            if not 200 <= would.status < 300:
+                # Refused by the upstream (not found, invalid, a conflict…): that answer,
+                # and nothing forwarded, nothing reserved.
+                ctx.audit["quota"] = "refused by the upstream's dry run"
+                return _passed_on(ctx, would)
+            if not isinstance(would.object, dict):
+                raise UpstreamError(502, "the upstream's dry run did not answer with an object")
+            new_charge = _charge(tracked, would.object)
             if lock is None:
                 assert ledger_down is not None
-                if raises:
-                    raise ledger_unavailable(
-                        ledger_down,
-                        "reserve",
-                        f"updates that raise the charge of {tracked.resource} are refused",
-                    )
-                log.warning("quota ledger failed on update: %s", ledger_down.detail)
-                ctx.audit["quota"] = "unrecorded"
-                return await call_next(ctx)
+                return await self._unrecorded(
+                    ctx, call_next, target, tracked, new_charge, ledger_down
+                )
             quotas = ctx.policy.quotas
             tenant_limits, _ = quotas.tenant_limits(tenant)
             ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
             try:
+                # An object the ledger has not recorded is charged whole (its commit adds
+                # its whole charge to `used`); a recorded one by its increase.
                 lock = await self.ledger.reserve_change(
-                    lock, obj, new_charge, base, tenant_limits, ns_limits
+                    lock, obj, new_charge, {}, tenant_limits, ns_limits
                 )
             except QuotaExceeded as exc:
                 self._refused(ctx, exc)
@@ -357,26 +419,65 @@ class QuotaStage:
                 ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
             self.gauges.mark(tenant)
             if dry:
-                await self._release_shielded(lock)
-                lock = None
                 return await self._checked_only(ctx, call_next)
             ctx.read_whole_answer = True
-            response = await call_next(ctx)
+            held = lock
+            try:
+                response = await call_next(ctx)
+            except StatusError as exc:
+                if isinstance(exc, UpstreamError) and not _never_sent(exc):
+                    settled = True
+                    ctx.audit["quota"] = "unsettled"
+                    self.settler.settle_update(held, obj)
+                raise
+            except BaseException:
+                settled = True
+                ctx.audit["quota"] = "unsettled"
+                self.settler.settle_update(held, obj)
+                raise
             if 200 <= response.status < 300:
-                done = True
-                final = _response_charge(tracked, _answer(response)) or new_charge
-                await asyncio.shield(self._commit_change(lock, obj, final))
+                settled = True
+                final = _object_charge(tracked, _parsed(_answer(response))) or new_charge
+                await self.settler.now_or_later(
+                    lambda: self.ledger.commit_change(held, obj, final), "commit_change"
+                )
+            elif response.status >= 500:
+                settled = True
+                ctx.audit["quota"] = "unsettled"
+                self.settler.settle_update(held, obj)
             return response
         finally:
-            if lock is not None and not done:
-                await self._release_shielded(lock)
+            if lock is not None and not settled:
+                await self._release(lock)
+
+    async def _unrecorded(
+        self,
+        ctx: RequestContext,
+        call_next: Handler,
+        target: RequestTarget,
+        tracked: Tracked,
+        new_charge: Charge,
+        down: LedgerError,
+    ) -> web.StreamResponse:
+        """The ledger cannot be reached: an update that raises the object's charge (over
+        the object as the store has it now) is refused with 503, any other goes through
+        unrecorded (reconcile corrects it)."""
+        current = await self._fresh(ctx, target, tracked)
+        base = _object_charge(tracked, current) or {tracked.resource: 1}
+        if any(d > 0 for d in charge_delta(new_charge, base).values()):
+            raise ledger_unavailable(
+                down, "reserve", f"updates that raise the charge of {tracked.resource} are refused"
+            )
+        log.warning("quota ledger failed on update: %s", down.detail)
+        ctx.audit["quota"] = "unrecorded"
+        return await call_next(ctx)
 
     async def _fresh(
         self, ctx: RequestContext, target: RequestTarget, tracked: Tracked
     ) -> dict[str, Any]:
         """The object as the store has it now (never a cached copy)."""
         status, current = await self.upstream.get_json(
-            ctx.request.rel_url.raw_path, ctx.identity, request_id=ctx.request_id
+            target.upstream_path, ctx.identity, request_id=ctx.request_id
         )
         if status == 404:
             raise not_found(tracked.resource, target.name)
@@ -388,18 +489,6 @@ class QuotaStage:
                 f"update failed: the backing store answered {status}",
             )
         return current
-
-    async def _commit_change(
-        self, reservation: Reservation, obj: ObjectRef, charge: Charge
-    ) -> None:
-        try:
-            await self.ledger.commit_change(reservation, obj, charge)
-        except LedgerError as exc:
-            # The object changed; the claim expires and reconcile recounts the object.
-            self.metrics.ledger_errors.labels("commit").inc()
-            log.warning(
-                "quota commit of the update of %s/%s failed: %s", obj.resource, obj.name, exc.detail
-            )
 
     # -- deletes ------------------------------------------------------------------------
 
@@ -424,7 +513,7 @@ class QuotaStage:
                     return
                 self.gauges.mark(target.tenant or target.name)
             elif _tracked_item(target) is not None and target.tenant:
-                self._spawn(
+                self.settler.background(
                     reconcile_tenant(
                         self.reconcile_fetch, self.ledger, target.tenant, log_errors=True
                     )
@@ -456,7 +545,9 @@ async def is_dry_run_all(ctx: RequestContext) -> bool:
     ["All"]` in a DeleteOptions body, which is where `kubectl delete --dry-run=server`
     puts it. `All` is the only value: another (an empty one included) is 400."""
     request = ctx.request
-    values: list[object] = list(request.query.getall("dryRun", []))
+    assert ctx.target is not None
+    dry = ctx.target.param("dryRun")
+    values: list[object] = [] if dry is None else [dry]
     if request.method == "DELETE" and request.body_exists:
         options = await ctx.read_json()
         if isinstance(options, dict) and "dryRun" in options:
@@ -480,12 +571,11 @@ def _charge(tracked: Tracked, obj: dict[str, Any]) -> Charge:
         raise bad_request(f"invalid resource requests: {exc}") from None
 
 
-def _response_charge(tracked: Tracked, raw: bytes | None) -> Charge | None:
-    """The charge of the object the store answered with (None when it cannot tell)."""
+def _object_charge(tracked: Tracked, obj: Any) -> Charge | None:
+    """The charge of an object the store answered with (None when it cannot tell)."""
     try:
-        obj = json.loads(raw) if raw else None
         return charge_for(tracked.resource, obj) if isinstance(obj, dict) else None
-    except (ValueError, QuantityError):
+    except QuantityError:
         return None
 
 
@@ -493,6 +583,49 @@ def _answer(response: web.StreamResponse) -> bytes | None:
     """The body of an answer the proxy read whole (`ctx.read_whole_answer`)."""
     body = response.body if isinstance(response, web.Response) else None
     return body if isinstance(body, bytes) else None
+
+
+def _parsed(raw: bytes | None) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _name_of(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _never_sent(exc: UpstreamError) -> bool:
+    """Whether the upstream cannot have acted: its connection could not even be made
+    (the proxy's 502 raised from an UpstreamUnreachable)."""
+    return isinstance(exc.__context__, UpstreamUnreachable)
+
+
+def _replayed(ctx: RequestContext, answer: Answer) -> web.Response:
+    """The first answer of a create, for a retry with the same `Idempotency-Key`."""
+    ctx.audit["quota"] = "replayed"
+    ctx.status = answer.status
+    response = web.Response(status=answer.status, body=answer.body)
+    if answer.content_type:
+        response.headers["Content-Type"] = answer.content_type
+    response.headers.update(ctx.response_headers)
+    response.headers["Idempotency-Replayed"] = "true"
+    response.headers["X-Request-Id"] = ctx.request_id
+    return response
+
+
+def _passed_on(ctx: RequestContext, would: DryRunAnswer) -> web.Response:
+    """The upstream's refusal of the dry run, as the answer to the request."""
+    ctx.status = would.status
+    response = web.Response(status=would.status, body=would.body)
+    if would.content_type:
+        response.headers["Content-Type"] = would.content_type
+    response.headers.update(ctx.response_headers)
+    response.headers["X-Request-Id"] = ctx.request_id
+    return response
 
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -509,9 +642,9 @@ def _idempotency(ctx: RequestContext) -> Claim | None:
         raise bad_request(
             f"Idempotency-Key must be one header of 1 to {MAX_IDEMPOTENCY_KEY} characters"
         )
-    request = ctx.request
+    assert ctx.target is not None
     return idempotency_claim(
-        ctx.identity.tenant, key, request.method, request.raw_path, ctx.body or b""
+        ctx.identity.tenant, key, ctx.request.method, ctx.target.upstream_target(), ctx.body or b""
     )
 
 
@@ -531,18 +664,3 @@ def _tracked_item(target: RequestTarget) -> Tracked | None:
         return None
     wanted = Scope.NAMESPACE if tracked.namespaced else Scope.TENANT
     return tracked if target.scope == wanted else None
-
-
-def _created_name(response_body: bytes | None, request_body: dict[str, Any]) -> str:
-    for source in (response_body, request_body):
-        obj: Any = source
-        if isinstance(source, bytes):
-            try:
-                obj = json.loads(source)
-            except ValueError:
-                continue
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if isinstance(name, str) and name:
-            return name
-    return ""

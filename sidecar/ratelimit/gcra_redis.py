@@ -1,16 +1,20 @@
 """The global rate-limit tier: GCRA in Redis, shared by every sidecar replica.
 
-Owns the Lua script, the key layout and the fail-open policy. One script call checks
-every bucket of a request (tenant, class and user keys, all hash-tagged `{tenant}` so
-they share a cluster slot) against the Redis server's clock (`TIME`), and writes only
-when all of them admit it. Each key holds one number: the bucket's theoretical
+Owns the Lua script, the key layout and the fail-open policy. Redis is one server, a
+Redis Cluster or a Sentinel-watched master (`rateLimit.global`, any URL form of
+sidecar/redis_client.py). One script call checks every bucket of a request (tenant,
+class and user keys, all hash-tagged `{tenant}` so they share a cluster slot, and the
+only keys the script touches) against the Redis server's clock (`TIME`), and writes
+only when all of them admit it. Each key holds one number: the bucket's theoretical
 arrival time (TAT) in microseconds, expiring once the bucket would be full again.
 
-If Redis cannot be reached (or answers an error) the tier fails open: the request is
-decided by the local tier alone, `sidecar_ratelimit_global_fail_open_total` counts
-it, and a warning is logged at most once per `rateLimit.failOpenLogInterval`. After a
-failure the tier is skipped for `RETRY_SECONDS`, so an unreachable Redis costs one
-timeout per second, not one per request.
+If Redis cannot be reached (or answers an error), as while a master fails over, the
+tier fails open: the request is decided by the local tier alone,
+`sidecar_ratelimit_global_fail_open_total` counts it, and a warning is logged at most
+once per `rateLimit.failOpenLogInterval`. After a failure the tier is skipped for
+`RETRY_SECONDS`, so an unreachable Redis costs one timeout per second, not one per
+request. A failover loses at most the buckets' last writes: a tenant may get up to
+one more burst.
 """
 
 from __future__ import annotations
@@ -21,13 +25,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from sidecar.metrics import Metrics
 from sidecar.policy.ratelimits import Rate
 from sidecar.ratelimit.local import Verdict
-from sidecar.redact import redact_text, redact_url
+from sidecar.redact import redact_url
+from sidecar.redis_client import ERRORS, RedisHandle, error_text, open_redis, tenant_key
 
 log = logging.getLogger("sidecar.ratelimit")
 
@@ -88,17 +90,15 @@ class GlobalTier:
         self.metrics = metrics
         self.prefix = prefix
         self.log_interval = log_interval
-        self.client: aioredis.Redis = aioredis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
-        self.script: Any = self.client.register_script(GCRA_LUA)
+        self.redis: RedisHandle = open_redis(url, timeout=timeout)
+        self.script: Any = self.redis.client.register_script(GCRA_LUA)
         self.down_until = 0.0
         self.last_logged = -math.inf
         self.last_error = ""
         self.fail_open_count = 0
 
     def key(self, tenant: str, suffix: str) -> str:
-        return f"{self.prefix}{{{tenant}}}:{suffix}"
+        return tenant_key(self.prefix, tenant, suffix)
 
     async def acquire(self, tenant: str, buckets: Sequence[tuple[str, Rate]]) -> Verdict | None:
         """Take one token from each of the tenant's buckets, all or none.
@@ -116,8 +116,9 @@ class GlobalTier:
         for _, spec in buckets:
             args += [max(1, round(1_000_000 / spec.rate)), spec.burst]
         try:
+            await self.redis.initialize()
             result = await self.script(keys=keys, args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except ERRORS as exc:
             self.down_until = time.monotonic() + RETRY_SECONDS
             self._fail_open(exc)
             return None
@@ -140,7 +141,7 @@ class GlobalTier:
         self.metrics.ratelimit_fail_open.inc()
         self.fail_open_count += 1
         if exc is not None:
-            self.last_error = redact_text(f"{type(exc).__name__}: {exc}")
+            self.last_error = error_text(exc)
         now = time.monotonic()
         if now - self.last_logged >= self.log_interval:
             self.last_logged = now
@@ -154,14 +155,16 @@ class GlobalTier:
             )
 
     async def ping(self) -> tuple[bool, str]:
-        try:
-            await self.client.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
-            return False, f"unreachable ({type(exc).__name__}), failing open to the local tier"
-        return True, "reachable"
+        """(reachable, its state for `/readyz` after the URL that names the topology):
+        `reachable`, `3 masters ok`, `master 10.0.0.5:6379 ok`, or `unreachable
+        (ConnectionError), failing open to the local tier`."""
+        ok, state = await self.redis.state()
+        if not ok:
+            state += ", failing open to the local tier"
+        return ok, state
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.redis.close()
 
 
 def _whole_seconds(microseconds: int) -> int:

@@ -1,108 +1,49 @@
-"""The local rate-limit tier: aiolimiter buckets in a bounded LRU, per process.
+"""The local rate-limit tier: token buckets in a bounded LRU, per process.
 
-Owns the bucket (aiolimiter's leaky bucket, level = tokens in use), bucket lookup
-(creating a bucket full, re-sizing it on a policy reload without a free burst), the
-check-then-take of several buckets at once, the
-bounded wait (`rateLimit.maxWait`), and the numbers behind the 429 headers. A bucket
-evicted from the LRU is recreated full; the LRU evicts the least recently used, i.e.
-the buckets most likely to have refilled already.
+Owns the token bucket, bucket lookup (a bucket not in the LRU is full; a policy
+reload re-sizes a bucket without a free burst), the check-then-take of several buckets
+at once, the bounded wait (`rateLimit.maxWait`), and the numbers behind the 429
+headers.
+
+A bucket is `burst` tokens refilled at `rate` per second; a request takes one. Its
+whole state is one clock reading, `full_at`: when it will be full again (GCRA's
+theoretical arrival time). The tokens in use at `now` are
+`max(0, full_at - now) * rate`, and taking `n` tokens moves `full_at` to
+`now + (in use + n) / rate`. The LRU stores `(full_at, rate, burst)` per key (the
+rate and burst it was made for, to notice a reload): a tuple of plain numbers, which
+the cyclic garbage collector stops tracking at its first look. So a million
+tenants' buckets cost the collector nothing: it never scans them, and its pauses do
+not grow with the number of tenants (DESIGN §6, §11; an object per bucket, as
+aiolimiter's `AsyncLimiter` is, made every full collection scan all of them:
+pauses of 0.3 to 2 s with 100,000 buckets, docs/performance.md "many-tenants").
+
+A bucket missing from the LRU is full, and the LRU evicts the least recently used
+ones, those most likely to be full already: evicting changes nothing for them. A
+bucket is stored when a token is taken (or a reload re-sizes it), never by a mere
+look, so refusals and header reads do not grow the LRU. The default clock is
+`time.monotonic`; tests inject one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from aiolimiter import AsyncLimiter
 from cachetools import LRUCache
 
 from sidecar.policy.ratelimits import Rate
 
 Clock = Callable[[], float]
+# (full_at, rate, burst): when the bucket is full again, and the spec it was made for.
+BucketState = tuple[float, float, int]
+Keys = Sequence[tuple[Hashable, Rate]]
 
 # Tolerance, in tokens, for float rounding: a client that waits exactly the
 # Retry-After it was given must get through, whatever the clock's float error.
 _EPS = 1e-6
-
-
-class Bucket(AsyncLimiter):
-    """A token bucket of `rate.burst` tokens refilled at `rate.rate` per second.
-
-    aiolimiter's leaky bucket (DESIGN §6) with level = tokens in use. It reads and
-    sets aiolimiter's private `_level`/`_last_check`/`_rate_per_sec`, which aiolimiter
-    offers no public way to (the 429 headers need the level, a policy reload must carry
-    it over, tests inject a clock): aiolimiter is pinned below its next minor release
-    and tests/system/test_dependency_contracts.py fails by name if those change.
-    `clock` replaces the event loop's clock; None keeps aiolimiter's own.
-    """
-
-    __slots__ = ("_clock", "spec")
-
-    def __init__(self, spec: Rate, clock: Clock | None = None) -> None:
-        super().__init__(spec.burst, spec.burst / spec.rate)
-        self.spec = spec
-        self._clock = clock
-
-    def _leak(self) -> None:
-        if self._clock is None:
-            super()._leak()
-            return
-        now = self._clock()
-        if self._level:
-            elapsed = now - self._last_check
-            self._level = max(self._level - elapsed * self._rate_per_sec, 0.0)
-        self._last_check = now
-
-    def take(self, amount: float = 1) -> None:
-        """Use `amount` tokens at once (callers check `has_capacity` first; unlike
-        `acquire`, this never waits, so check-then-take never yields)."""
-        self._leak()
-        self._level += amount
-
-    def has_capacity(self, amount: float = 1) -> bool:
-        self._leak()
-        level: float = self._level
-        return level + amount <= self.max_rate + _EPS
-
-    def level(self) -> float:
-        """Tokens in use now (0 = full bucket)."""
-        self._leak()
-        level: float = self._level
-        return level
-
-    def carry_level_from(self, old: Bucket) -> None:
-        """Take over an older bucket's level (policy reload): no free burst."""
-        level = old.level()
-        self._leak()
-        self._level = min(level, float(self.spec.burst))
-
-    def wait_seconds(self, amount: float = 1.0) -> float:
-        """Seconds until `amount` tokens are available (0 if they are now)."""
-        need = self.level() + amount - self.spec.burst
-        return max(0.0, need / self.spec.rate)
-
-    # The header numbers, each from a given reading of the level (`level()` when None),
-    # so that one verdict's numbers can share a single reading.
-
-    def retry_after(self, amount: float = 1.0, level: float | None = None) -> int:
-        """Whole seconds, rounded up, after which `amount` tokens are available."""
-        need = (self.level() if level is None else level) + amount - self.spec.burst
-        if need <= _EPS:
-            return 0
-        return max(1, math.ceil((need - _EPS / 2) / self.spec.rate))
-
-    def remaining(self, level: float | None = None) -> int:
-        used = self.level() if level is None else level
-        return max(0, math.floor(self.spec.burst - used + _EPS))
-
-    def reset(self, level: float | None = None) -> int:
-        """Whole seconds until the bucket is full again."""
-        used = self.level() if level is None else level
-        if used <= _EPS:
-            return 0
-        return math.ceil((used - _EPS / 2) / self.spec.rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,88 +81,95 @@ def tightest(verdicts: Sequence[Verdict]) -> Verdict:
     return min(verdicts, key=lambda v: (v.remaining, -v.reset))
 
 
+def verdict(spec: Rate, used: float, allowed: bool) -> Verdict:
+    """The header numbers of a bucket of `spec` with `used` tokens in use (after the
+    request's own token, when it was allowed)."""
+    burst, rate = spec.burst, spec.rate
+    # Whole seconds, rounded up, until one more token is free (refusals only) ...
+    need = used + 1.0 - burst
+    retry = 0 if allowed or need <= _EPS else max(1, math.ceil((need - _EPS / 2) / rate))
+    return Verdict(
+        allowed=allowed,
+        limit=burst,
+        remaining=max(0, math.floor(burst - used + _EPS)),
+        # ... and until the bucket is full again.
+        reset=0 if used <= _EPS else math.ceil((used - _EPS / 2) / rate),
+        retry_after=retry,
+        tier="local",
+        window=burst / rate,
+    )
+
+
 class LocalLimiter:
-    """Buckets by key in a bounded LRU; `acquire` takes one token from each or none."""
+    """Token buckets by key in a bounded LRU; `acquire` takes one token from each of a
+    request's buckets or from none."""
 
     def __init__(self, max_buckets: int, clock: Clock | None = None) -> None:
-        self.clock = clock
-        self.buckets: LRUCache[Hashable, Bucket] = LRUCache(maxsize=max(1, max_buckets))
+        self.clock: Clock = clock or time.monotonic
+        self.buckets: LRUCache[Hashable, BucketState] = LRUCache(maxsize=max(1, max_buckets))
 
-    def bucket(self, key: Hashable, spec: Rate) -> Bucket:
-        bucket = self.buckets.get(key)
-        if bucket is None:
-            bucket = Bucket(spec, self.clock)
-            self.buckets[key] = bucket
-        elif bucket.spec != spec:
-            fresh = Bucket(spec, self.clock)
-            fresh.carry_level_from(bucket)
-            self.buckets[key] = bucket = fresh
-        return bucket
+    def used(self, key: Hashable, spec: Rate, now: float) -> float:
+        """Tokens in use in `key`'s bucket at `now` (0: full). A bucket made for
+        another rate or burst (a policy reload) keeps the tokens in use, at most the
+        new burst, and is stored re-sized: a reload never hands out a free burst."""
+        state = self.buckets.get(key)  # a hit makes it the most recently used
+        if state is None:
+            return 0.0
+        full_at, rate, burst = state
+        used = (full_at - now) * rate if full_at > now else 0.0
+        if rate != spec.rate or burst != spec.burst:
+            used = min(used, float(spec.burst))
+            self.buckets[key] = (now + used / spec.rate, spec.rate, spec.burst)
+        return used
 
-    def peek(self, keys: Sequence[tuple[Hashable, Rate]]) -> Verdict | None:
+    def peek(self, keys: Keys) -> Verdict | None:
         """The current state of the buckets, consuming nothing (for headers)."""
         if not keys:
             return None
-        return tightest([_state(self.bucket(k, s), True) for k, s in keys])
+        now = self.clock()
+        return tightest([verdict(s, self.used(k, s, now), True) for k, s in keys])
 
-    def try_acquire(self, keys: Sequence[tuple[Hashable, Rate]]) -> Verdict | None:
+    def try_acquire(self, keys: Keys) -> Verdict | None:
         """`acquire` without waiting: a token from every bucket now, or from none."""
         if not keys:
             return None
-        buckets = [self.bucket(k, s) for k, s in keys]
-        short = [b for b in buckets if not b.has_capacity()]
-        if short:
-            return tightest([_state(b, False) for b in short])
-        # Capacity was just checked and nothing here yields: taking is atomic.
-        for b in buckets:
-            b.take()
-        return tightest([_state(b, True) for b in buckets])
+        return self._attempt(keys, self.clock())[0]
 
-    async def acquire(
-        self, keys: Sequence[tuple[Hashable, Rate]], max_wait: float = 0.0
-    ) -> Verdict | None:
+    async def acquire(self, keys: Keys, max_wait: float = 0.0) -> Verdict | None:
         """Take a token from every bucket, or from none and say how long to wait.
 
         Never waits longer than `max_wait` seconds; with 0 it answers at once.
         None when there is no bucket to check.
         """
-        if max_wait <= 0:
-            return self.try_acquire(keys)
-        buckets = [self.bucket(k, s) for k, s in keys]
+        if not keys:
+            return None
         deadline: float | None = None
         while True:
-            short = [b for b in buckets if not b.has_capacity()]
-            if not short:
-                # Capacity was just checked and nothing here yields, so taking from
-                # every bucket is atomic.
-                for b in buckets:
-                    b.take()
-                return tightest([_state(b, True) for b in buckets])
-            wait = max(b.wait_seconds() for b in short)
-            if max_wait <= 0:
-                return tightest([_state(b, False) for b in short])
-            now = self._now()
+            now = self.clock()
+            found, wait = self._attempt(keys, now)
+            if found.allowed or max_wait <= 0:
+                return found
             if deadline is None:
                 deadline = now + max_wait
             if now + wait > deadline:
-                return tightest([_state(b, False) for b in short])
+                return found
             await asyncio.sleep(wait)
 
-    def _now(self) -> float:
-        return self.clock() if self.clock is not None else asyncio.get_running_loop().time()
-
-
-def _state(bucket: Bucket, allowed: bool) -> Verdict:
-    """The bucket's numbers for the headers, from one reading of its level (the same
-    as `remaining()`, `reset()` and `retry_after()` would give one after another)."""
-    spec = bucket.spec
-    level = bucket.level()
-    return Verdict(
-        allowed=allowed,
-        limit=spec.burst,
-        remaining=bucket.remaining(level),
-        reset=bucket.reset(level),
-        retry_after=0 if allowed else bucket.retry_after(1.0, level),
-        tier="local",
-        window=spec.burst / spec.rate,
-    )
+    def _attempt(self, keys: Keys, now: float) -> tuple[Verdict, float]:
+        """Take a token from every bucket at `now`, or from none: the verdict, and
+        the seconds until every bucket has a token (0 when taken)."""
+        levels = [self.used(k, s, now) for k, s in keys]
+        short = [
+            (s, u) for (_k, s), u in zip(keys, levels, strict=True) if u + 1.0 > s.burst + _EPS
+        ]
+        if short:
+            wait = max((u + 1.0 - s.burst) / s.rate for s, u in short)
+            return tightest([verdict(s, u, False) for s, u in short]), wait
+        # Every bucket was just checked and nothing here yields: taking is atomic.
+        buckets = self.buckets
+        taken = []
+        for (key, spec), u in zip(keys, levels, strict=True):
+            u += 1.0
+            buckets[key] = (now + u / spec.rate, spec.rate, spec.burst)
+            taken.append(verdict(spec, u, True))
+        return tightest(taken), 0.0

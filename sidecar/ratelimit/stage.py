@@ -17,10 +17,13 @@ all is charged to its client address's bucket before any authentication work. A
 request with credentials is never limited by the address (many tenants share one
 address behind a load balancer); only when its authentication FAILS is the failure
 charged to the address, and once the address's budget is spent such failures are
-answered 429 instead of 401.
+answered 429 instead of 401. Both refusals carry the audit note `ANONYMOUS_REFUSAL`:
+an address's flood of them is one audit record a second (sidecar/audit.py).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from aiohttp import web
 
@@ -44,6 +47,9 @@ LOCAL, GLOBAL, INFLIGHT, WATCHES, ANONYMOUS = (
     "anonymous",
 )
 ALLOWED, LIMITED, WOULD_LIMIT = "allowed", "limited", "would_limit"
+# The audit note of a request refused by the anonymous (per-address) limit: the audit
+# records these at most once per address per second, with their count (sidecar/audit.py).
+ANONYMOUS_REFUSAL = f"{LIMITED}:{ANONYMOUS}"
 
 
 class RateLimiter:
@@ -118,14 +124,45 @@ def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusE
     )
 
 
+# A whole answer larger than this is written while the request still holds its slot.
+LARGE_ANSWER = 64 * 1024
+
+
+async def _write_large_answer(
+    ctx: RequestContext, response: web.StreamResponse, within: float
+) -> None:
+    """Write a large answer held whole in memory (a created object, a filtered list)
+    before the in-flight slot is freed, so a tenant that never reads its answers holds
+    at most `maxInFlight` of them, not as many as it can send (found by a hostile
+    review: 800 unread answers, 400 MB, no slot held). A client that has not taken
+    the answer within `within` seconds is cut off. aiohttp writes small answers itself, after
+    the handler: they fit in the socket's buffer."""
+    if not isinstance(response, web.Response) or response.prepared:
+        return
+    body = response.body
+    if not isinstance(body, bytes | bytearray) or len(body) <= LARGE_ANSWER:
+        return
+    request = ctx.request
+    try:
+        async with asyncio.timeout(within):
+            await response.prepare(request)
+            await response.write_eof()
+    except TimeoutError:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        raise ConnectionResetError("the client did not read its answer in time") from None
+
+
 class TenantRateLimitStage:
     """Per-tenant (and per-user) buckets, the in-flight limit and the watch limit,
     right after authentication."""
 
     name = "ratelimit"
 
-    def __init__(self, limiter: RateLimiter) -> None:
+    def __init__(self, limiter: RateLimiter, answer_timeout: float = 60.0) -> None:
         self.limiter = limiter
+        self.answer_timeout = answer_timeout
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         identity = ctx.identity
@@ -173,7 +210,10 @@ class TenantRateLimitStage:
                 headers = verdict.headers()
                 headers.pop("Retry-After", None)
                 ctx.response_headers.update(headers)
-            return await call_next(ctx)
+            response = await call_next(ctx)
+            if cap is not None:
+                await _write_large_answer(ctx, response, self.answer_timeout)
+            return response
         finally:
             if cap is not None:
                 slots.leave(tenant)
@@ -250,16 +290,16 @@ class AnonymousRateLimitStage:
         address = ctx.request.remote or "unknown"
         if not has_credentials(ctx.request):
             verdict = await lim.anonymous.acquire([(address, spec)], 0.0)
+            # No mode relaxes this limit: a dry-run relaxes refusals inside the
+            # caller's own tenant (DESIGN §5), and an anonymous client has none.
             if verdict is not None and not verdict.allowed:
-                if not ctx.dry_run:
-                    lim.count("", ANONYMOUS, LIMITED)
-                    ctx.audit["ratelimit"] = "limited:anonymous"
-                    raise too_many(
-                        f"too many unauthenticated requests from {address}",
-                        verdict,
-                        verdict.retry_after,
-                    )
-                lim.count("", ANONYMOUS, WOULD_LIMIT)
+                lim.count("", ANONYMOUS, LIMITED)
+                ctx.audit["ratelimit"] = ANONYMOUS_REFUSAL
+                raise too_many(
+                    f"too many unauthenticated requests from {address}",
+                    verdict,
+                    verdict.retry_after,
+                )
             else:
                 lim.count("", ANONYMOUS, ALLOWED)
             return await call_next(ctx)
@@ -276,21 +316,15 @@ class AnonymousRateLimitStage:
     async def _charge_failure(self, ctx: RequestContext, address: str, spec: Rate) -> None:
         """A failed authentication costs its address a token; none left → 429."""
         lim = self.limiter
-        bucket = lim.anonymous.bucket(address, spec)
-        if bucket.has_capacity():
-            bucket.take()
+        verdict = lim.anonymous.try_acquire([(address, spec)])
+        if verdict is None or verdict.allowed:
             return
-        if ctx.dry_run:
-            lim.count("", ANONYMOUS, WOULD_LIMIT)
-            return
-        lim.count("", ANONYMOUS, LIMITED)
-        ctx.audit["ratelimit"] = "limited:anonymous"
-        verdict = lim.anonymous.peek([(address, spec)])
-        retry = bucket.retry_after()
+        lim.count("", ANONYMOUS, LIMITED)  # in every mode, as above
+        ctx.audit["ratelimit"] = ANONYMOUS_REFUSAL
         raise too_many(
             f"too many failed authentications from {address}",
             verdict,
-            retry,
+            verdict.retry_after,
         )
 
 

@@ -11,8 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from backing_store.app import make_app
+from backing_store.app import HUB_KEY, make_app
 from sidecar.errors import tenant_not_found
+from tests.rigs.waiting import eventually
 
 Client = TestClient[web.Request, web.Application]
 
@@ -125,7 +126,7 @@ async def test_update_patch_resource_version_and_conflicts(client: Client) -> No
 
     stale = {"metadata": {"resourceVersion": str(rv0)}, "spec": {"disk": 1}}
     await status_of(await client.patch(f"{SERVERS}/web1", json=stale), 409)
-    # a JSON patch applies (RFC 6902); a non-JSON patch type (server-side apply) is 415
+    # a JSON patch applies (RFC 6902); server-side apply needs its fieldManager (422)
     resp = await client.patch(
         f"{SERVERS}/web1",
         data='[{"op": "replace", "path": "/spec/disk", "value": 30}]',
@@ -139,7 +140,7 @@ async def test_update_patch_resource_version_and_conflicts(client: Client) -> No
             data="spec: {}",
             headers={"Content-Type": "application/apply-patch+yaml"},
         ),
-        415,
+        422,
     )
     await status_of(await client.put(f"{SERVERS}/nope", json=server("nope")), 404)
 
@@ -157,9 +158,17 @@ async def test_create_existing_is_409_and_unknown_type_404(client: Client) -> No
 async def test_delete_and_deletecollection(client: Client) -> None:
     for name in ("a", "b", "c"):
         assert (await client.post(SERVERS, json=server(name))).status == 201
+    uid = (await (await client.get(f"{SERVERS}/a")).json())["metadata"]["uid"]
     resp = await client.delete(f"{SERVERS}/a")
     assert resp.status == 200
-    assert (await resp.json())["metadata"]["name"] == "a"
+    # an immediate delete answers a success Status, as Kubernetes does
+    assert await resp.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": "a", "group": "compute", "kind": "servers", "uid": uid},
+    }
     await status_of(await client.delete(f"{SERVERS}/a"), 404)
     assert await names(client, SERVERS) == ["b", "c"]
     resp = await client.delete(SERVERS)
@@ -381,6 +390,17 @@ async def test_watch_path_form_ends_at_timeout(client: Client) -> None:
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "z")]
 
 
+async def test_a_watch_with_no_events_ends_when_its_client_leaves(client: Client) -> None:
+    """Found by a hostile review: a watch that never gets an event held its handler and
+    its place in the hub forever after its client had gone."""
+    hub = client.server.app[HUB_KEY]
+    resp = await client.get(SERVERS, params={"watch": "true", "labelSelector": "never=x"})
+    assert resp.status == 200
+    assert len(hub.watchers) == 1
+    resp.close()  # the client hangs up; no event will ever match
+    await eventually(lambda: len(hub.watchers) == 0, what="the abandoned watch ended")
+
+
 async def test_oversized_and_non_finite_bodies_are_4xx(client: Client) -> None:
     big = json.dumps({"metadata": {"name": "big"}, "spec": {"blob": "x" * (4 * 1024 * 1024)}})
     resp = await client.post(SERVERS, data=big, headers={"Content-Type": "application/json"})
@@ -435,3 +455,85 @@ async def test_deletecollection_honours_owner_and_tag_filters(client: Client) ->
     await status_of(await client.delete("/apis/compute/v1/tenants/acme/servers"), 405)
     await status_of(await client.delete("/api/v1/tenants/acme/namespaces"), 405)
     assert await names(client, SERVERS) == ["b", "c"]
+
+
+async def test_uid_and_creation_timestamp_are_the_stores_own(client: Client) -> None:
+    """Issue 23: a client-supplied uid (even another object's) and creationTimestamp
+    were kept. The store sets them on create, whatever was sent, and keeps them."""
+    first = await (await client.post(SERVERS, json=server("a"))).json()
+    claimed = {
+        "uid": first["metadata"]["uid"],
+        "creationTimestamp": "2001-01-01T00:00:00Z",
+        "resourceVersion": "1",
+    }
+    resp = await client.post(SERVERS, json={"metadata": {"name": "b", **claimed}})
+    assert resp.status == 201
+    second = (await resp.json())["metadata"]
+    assert second["uid"] != first["metadata"]["uid"]
+    assert second["creationTimestamp"] != "2001-01-01T00:00:00Z"
+    assert second["resourceVersion"] != "1"
+    stamps = {k: second[k] for k in ("uid", "creationTimestamp")}
+    forged = {"uid": "forged", "creationTimestamp": "2001-01-01T00:00:00Z"}
+    attempts = [
+        ("PUT", {"metadata": {"name": "b", **forged}, "spec": {}}, "application/json"),
+        ("PATCH", {"metadata": forged}, "application/merge-patch+json"),
+        ("PATCH", {"metadata": forged}, "application/strategic-merge-patch+json"),
+        (
+            "PATCH",
+            [{"op": "replace", "path": "/metadata/uid", "value": "forged"}],
+            "application/json-patch+json",
+        ),
+    ]
+    for method, body, ctype in attempts:
+        resp = await client.request(
+            method, f"{SERVERS}/b", data=json.dumps(body), headers={"Content-Type": ctype}
+        )
+        assert resp.status == 200, await resp.text()
+        got = (await resp.json())["metadata"]
+        assert {k: got[k] for k in stamps} == stamps, ctype
+    got = (await (await client.get(f"{SERVERS}/b")).json())["metadata"]
+    assert {k: got[k] for k in stamps} == stamps
+    # a dry-run create answers a uid and a creationTimestamp too, and no resourceVersion
+    resp = await client.post(SERVERS, json=server("c"), params={"dryRun": "All"})
+    dry = (await resp.json())["metadata"]
+    assert dry["uid"]
+    assert dry["creationTimestamp"]
+    assert "resourceVersion" not in dry
+
+
+async def test_secret_string_data_becomes_data(client: Client) -> None:
+    secrets = "/api/v1/tenants/acme/namespaces/dev/secrets"
+    body = {
+        "metadata": {"name": "s"},
+        "data": {"keep": "a2VlcA==", "user": "b2xk"},
+        "stringData": {"user": "admin", "pass": "p@ss wörd"},
+    }
+    resp = await client.post(secrets, json=body)
+    assert resp.status == 201, await resp.text()
+    created = await resp.json()
+    want = {"keep": "a2VlcA==", "user": "YWRtaW4=", "pass": "cEBzcyB3w7ZyZA=="}
+    assert created["data"] == want
+    assert "stringData" not in created
+    stored = await (await client.get(f"{secrets}/s")).json()
+    assert stored["data"] == want
+    assert "stringData" not in stored
+    assert "admin" not in json.dumps(stored)
+    # on updates and patches too
+    resp = await client.patch(f"{secrets}/s", json={"stringData": {"keep": "new"}})
+    assert (await resp.json())["data"]["keep"] == "bmV3"
+    put = {"metadata": {"name": "s"}, "stringData": {"only": "x"}}
+    resp = await client.put(f"{secrets}/s", json=put)
+    assert (await resp.json())["data"] == {"only": "eA=="}
+    # what Kubernetes cannot decode either is a 400, and nothing changes
+    for bad in (
+        {"stringData": {"a": 1}},
+        {"stringData": ["a"]},
+        {"data": {"a": "not base64!"}},
+        {"data": {"a": 5}},
+        {"data": "x"},
+    ):
+        resp = await client.post(secrets, json={"metadata": {"name": "bad"}, **bad})
+        await status_of(resp, 400)
+        await status_of(await client.patch(f"{secrets}/s", json=bad), 400)
+    assert await names(client, secrets) == ["s"]
+    assert (await (await client.get(f"{secrets}/s")).json())["data"] == {"only": "eA=="}

@@ -156,7 +156,7 @@ async def test_dry_run_deletes_keep_everything(api: aiohttp.ClientSession) -> No
     before = await snapshot(api)
 
     got = await ok(await api.delete(f"{CMS}/a", params=DRY))
-    assert got["metadata"]["name"] == "a"
+    assert (got["status"], got["details"]["name"]) == ("Success", "a")
     # kubectl delete --dry-run=server sends dryRun in a DeleteOptions body
     options = {
         "kind": "DeleteOptions",

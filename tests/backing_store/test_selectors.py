@@ -322,3 +322,148 @@ async def test_selectors_with_other_filters(api: aiohttp.ClientSession, tmp_path
         body = {"metadata": {"name": name, "labels": labels}, "tags": tags}
         assert (await api.post(servers, json=body)).status == 201
     assert await names(api, servers, labelSelector="app=web", tags="red") == ["s1"]
+
+
+# -- the fields each resource is selectable by (what `kubectl describe` sends) -----------
+
+EVENTS: dict[str, dict[str, Any]] = {
+    "cm-created": {
+        "involvedObject": {"kind": "ConfigMap", "namespace": "dev", "name": "web", "uid": "u1"},
+        "reason": "Created",
+        "type": "Normal",
+        "source": {"component": "kubelet"},
+    },
+    "cm-other-uid": {
+        "involvedObject": {"kind": "ConfigMap", "namespace": "dev", "name": "web", "uid": "u2"},
+        "reason": "Created",
+        "type": "Normal",
+        "reportingComponent": "controller",
+    },
+    "node-warn": {
+        "involvedObject": {"kind": "Node", "name": "n1", "uid": "n1"},
+        "reason": "Rebooted",
+        "type": "Warning",
+        "involvedObject.name": "decoy",  # a key with a dot is not a path
+    },
+}
+PODS: dict[str, dict[str, Any]] = {
+    "run": {"spec": {"nodeName": "n1", "hostNetwork": True}, "status": {"phase": "Running"}},
+    "done": {"spec": {"nodeName": "n1"}, "status": {"phase": "Succeeded"}},
+    "failed": {"spec": {"nodeName": "n1", "restartPolicy": "Never"}, "status": {"phase": "Failed"}},
+    "elsewhere": {"spec": {"nodeName": "n2", "hostNetwork": False}, "status": {"phase": "Running"}},
+    "odd": {"spec": {"nodeName": 5, "hostNetwork": "true"}, "status": {"phase": ["Running"]}},
+}
+SECRETS: dict[str, dict[str, Any]] = {
+    "tls": {"type": "kubernetes.io/tls"},
+    "opaque": {"type": "Opaque"},
+    "untyped": {},
+}
+REPLICASETS: dict[str, dict[str, Any]] = {
+    "zero": {},
+    "three": {"status": {"replicas": 3}},
+    "float": {"status": {"replicas": 3.0}},
+    "bool": {"status": {"replicas": True}},
+}
+KINDS = {
+    "events": ("/api/v1", EVENTS),
+    "pods": ("/api/v1", PODS),
+    "secrets": ("/api/v1", SECRETS),
+    "replicasets": ("/apis/apps/v1", REPLICASETS),
+}
+# (resource, fieldSelector, names expected)
+FIELD_CASES: list[tuple[str, str, list[str]]] = [
+    # kubectl describe configmap web -n dev (the terms come in any order)
+    (
+        "events",
+        "involvedObject.uid=u1,involvedObject.name=web,involvedObject.namespace=dev,involvedObject.kind=ConfigMap",
+        ["cm-created"],
+    ),
+    # kubectl describe node n1: an empty namespace, then by uid and by name
+    (
+        "events",
+        "involvedObject.kind=Node,involvedObject.name=n1,involvedObject.namespace=,involvedObject.uid=n1",
+        ["node-warn"],
+    ),
+    ("events", "reason=Created,type!=Warning", ["cm-created", "cm-other-uid"]),
+    ("events", "type==Warning", ["node-warn"]),
+    ("events", "source=kubelet", ["cm-created"]),
+    ("events", "source=controller", ["cm-other-uid"]),  # no source: the reporting controller
+    ("events", "reportingComponent=controller", ["cm-other-uid"]),
+    ("events", "involvedObject.fieldPath=,involvedObject.apiVersion=", sorted(EVENTS)),
+    # kubectl describe node n1: its pods that have not finished
+    ("pods", "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed", ["run"]),
+    ("pods", "spec.host=n1,status.phase=Running", ["run"]),
+    ("pods", "spec.hostNetwork=true", ["run"]),
+    ("pods", "spec.hostNetwork=false", ["done", "elsewhere", "failed", "odd"]),
+    ("pods", "spec.restartPolicy=Never", ["failed"]),
+    ("pods", "spec.nodeName=", ["odd"]),  # a number is no node name
+    ("pods", "status.podIP=,status.nominatedNodeName=,spec.schedulerName=", sorted(PODS)),
+    ("pods", "spec.serviceAccountName!=x,metadata.name=run", ["run"]),
+    ("secrets", "type=kubernetes.io/tls", ["tls"]),
+    ("secrets", "type!=Opaque", ["tls", "untyped"]),
+    ("replicasets", "status.replicas=0", ["bool", "float", "zero"]),
+    ("replicasets", "status.replicas=3", ["three"]),
+]
+
+
+async def create_kind(api: aiohttp.ClientSession, ns: str, resource: str, name: str) -> None:
+    prefix, objects = KINDS[resource]
+    path = f"{prefix}/tenants/acme/namespaces/{ns}/{resource}"
+    resp = await api.post(path, json={"metadata": {"name": name}, **objects[name]})
+    assert resp.status == 201, await resp.text()
+
+
+@pytest.mark.parametrize(("resource", "fields", "want"), FIELD_CASES)
+async def test_kind_field_selectors_list_and_watch(
+    api: aiohttp.ClientSession, resource: str, fields: str, want: list[str]
+) -> None:
+    ns = await new_namespace(api)
+    prefix, objects = KINDS[resource]
+    path = f"{prefix}/tenants/acme/namespaces/{ns}/{resource}"
+    params = {"fieldSelector": fields}
+    async with api.get(path, params={"watch": "true", **params}) as watch:
+        assert watch.status == 200
+        for name in objects:
+            await create_kind(api, ns, resource, name)
+        # a fence: touching the last matching object; events keep their order
+        fence = want[-1]
+        resp = await api.patch(f"{path}/{fence}", json={"metadata": {"labels": {"f": "1"}}})
+        assert resp.status == 200
+        events = await read_events(watch, fence)
+        while events[-1] != ("MODIFIED", fence):
+            events += await read_events(watch, fence)
+    assert sorted(n for t, n in events[:-1]) == want
+    assert sorted(await names(api, path, **params)) == want
+    # the same at the cluster level, where `kubectl describe node` lists pods
+    got = await names(api, f"{prefix}/{resource}", **params)
+    assert set(want) <= set(got)
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "message"),
+    [
+        ("/api/v1/pods", "spec.containers=x", "field label not supported: spec.containers"),
+        ("/api/v1/events", "involvedObject.foo=x", "field label not supported: involvedObject.foo"),
+        ("/api/v1/secrets", "data=x", "field label not supported: data"),
+        ("/api/v1/nodes", "spec.owner=acme", "field label not supported: spec.owner"),
+        (
+            "/api/v1/configmaps",
+            "spec.nodeName=n1",
+            '"spec.nodeName" is not a known field selector: only "metadata.name", "metadata.namespace"',
+        ),
+        (
+            "/apis/batch/v1/jobs",
+            "status.phase=x",
+            'field label "status.phase" not supported for batchv1.Job',
+        ),
+    ],
+)
+async def test_a_field_the_kind_cannot_be_selected_by_is_400(
+    api: aiohttp.ClientSession, path: str, fields: str, message: str
+) -> None:
+    for extra in ({}, {"watch": "true"}):
+        resp = await api.get(path, params={"fieldSelector": fields, **extra})
+        body = await expect_status(resp, 400)
+        assert body["message"] == message
+    resp = await api.get("/apis/batch/v1/jobs", params={"fieldSelector": "status.successful=0"})
+    assert resp.status == 200

@@ -108,7 +108,7 @@ async def test_open_loop_sends_exactly_rate_times_duration(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     url = f"http://127.0.0.1:{port}/"
     try:
         records = await run(

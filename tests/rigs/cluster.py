@@ -100,10 +100,6 @@ class ClusterEnv:
         return "\n".join(p.log()[-4000:] for p in self.procs)
 
 
-def _wait_https(env: ClusterEnv, proc: processes.Proc, timeout: float = 20.0) -> None:
-    processes.wait_http(f"{env.url}/healthz", proc, timeout, context=env.trust)
-
-
 def start_cluster(tmp: Path) -> ClusterEnv:
     ca = make_ca("e2e test CA")
     cert_pem, key_pem = ca.issue()
@@ -120,7 +116,6 @@ def start_cluster(tmp: Path) -> ClusterEnv:
         ],
     )
     store = processes.start_store(tmp)
-    port = processes.free_port()
     config = {
         "upstream": store.url,
         "policies": str(SHIPPED_POLICIES),
@@ -128,11 +123,12 @@ def start_cluster(tmp: Path) -> ClusterEnv:
         "reload": {"enabled": False},
         "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
     }
-    sidecar = processes.start_sidecar(tmp, config, port=port, wait=False)
     trust = ssl.create_default_context(cafile=str(ca_file))
-    env = ClusterEnv(f"https://127.0.0.1:{port}", tmp, ca_file, trust, procs=[store, sidecar])
+    sidecar = processes.start_sidecar(tmp, config, tls=trust)
+    env = ClusterEnv(
+        f"https://127.0.0.1:{sidecar.port}", tmp, ca_file, trust, procs=[store, sidecar]
+    )
     try:
-        _wait_https(env, sidecar)
         for tenant in ("acme", "beta"):
             status, body = env.call(
                 "admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}

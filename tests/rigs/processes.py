@@ -2,6 +2,12 @@
 
 Integration tests use these helpers; each process gets a free random port on
 127.0.0.1 and is stopped (SIGTERM, then SIGKILL) when the test ends.
+
+A port picked free can be taken by anything else on the machine (an outgoing
+connection's ephemeral port, another test's server) before the child binds it. So a
+child that exits at start-up because its address is in use is started again on
+newly picked ports (`BIND_ATTEMPTS` times): the one place where tests start processes
+never fails on that race.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,13 @@ import yaml
 
 from tests.rigs.paths import ROOT
 from tests.rigs.waiting import eventually_sync
+
+BIND_ATTEMPTS = 8
+_IN_USE = "address already in use"
+
+
+class AddressInUse(RuntimeError):
+    """The child exited at start-up because a port it was given was taken."""
 
 
 def free_port() -> int:
@@ -107,30 +121,50 @@ def wait_http(
     except AssertionError:
         proc.kill()
         raise RuntimeError(f"{url} not ready after {timeout}s:\n{proc.log()}") from None
+    except RuntimeError:
+        if _IN_USE in proc.log().lower():
+            raise AddressInUse(proc.log()) from None
+        raise
+
+
+def start_on_free_ports(start: Callable[[], Proc], picked: bool) -> Proc:
+    """`start()` (which picks its ports), again on new ports while the child finds a
+    port taken; once only when the caller chose the ports (`picked` False)."""
+    for attempt in range(BIND_ATTEMPTS if picked else 1):
+        try:
+            return start()
+        except AddressInUse:
+            if attempt == BIND_ATTEMPTS - 1 or not picked:
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_store(
     tmp: Path, db: Path | None = None, port: int | None = None, extra_args: list[str] | None = None
 ) -> Proc:
     """`python -m backing_store` on a free port with its SQLite file in `tmp`."""
-    port = port or free_port()
-    db = db or (tmp / "store.db")
-    log_path = tmp / f"store-{port}.log"
-    args = [
-        sys.executable,
-        "-m",
-        "backing_store",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--db",
-        str(db),
-        *(extra_args or []),
-    ]
-    proc = Proc(_spawn(args, log_path), port, log_path, {"db": db})
-    wait_http(f"{proc.url}/healthz", proc)
-    return proc
+    db_file = db or (tmp / "store.db")
+
+    def start() -> Proc:
+        chosen = port or free_port()
+        log_path = tmp / f"store-{chosen}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "backing_store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(chosen),
+            "--db",
+            str(db_file),
+            *(extra_args or []),
+        ]
+        proc = Proc(_spawn(args, log_path), chosen, log_path, {"db": db_file})
+        wait_http(f"{proc.url}/healthz", proc)
+        return proc
+
+    return start_on_free_ports(start, picked=port is None)
 
 
 def write_config(tmp: Path, config: dict[str, Any], name: str = "sidecar.yaml") -> Path:
@@ -146,23 +180,37 @@ def start_sidecar(
     env: dict[str, str] | None = None,
     wait: bool = True,
     name: str = "sidecar",
+    metrics: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> Proc:
     """`python -m sidecar.cli serve --config …` with `listen` set to a free port.
 
     `config` is the YAML config as a dict; defaults that would touch the working
-    directory (ledger, policies) should be given by the caller."""
-    port = port or free_port()
-    config = dict(config)
-    config["listen"] = f"127.0.0.1:{port}"
-    config.setdefault("ledger", f"sqlite:///{tmp / 'ledger.db'}")
-    config.setdefault("audit", {"path": str(tmp / f"{name}-{port}-audit.log")})
-    path = write_config(tmp, config, f"{name}-{port}.yaml")
-    log_path = tmp / f"{name}-{port}.log"
-    args = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)]
-    proc = Proc(_spawn(args, log_path, env), port, log_path, {"config": path})
-    if wait:
-        wait_http(f"{proc.url}/healthz", proc)
-    return proc
+    directory (ledger, policies) should be given by the caller. `metrics`: also a
+    `metricsListen` on a free port (`proc.extra["metrics_port"]`). `tls`: wait for
+    the listener over HTTPS, trusting this context. With `wait=False` nothing waits
+    (and a taken port is not retried)."""
+
+    def start() -> Proc:
+        chosen = port or free_port()
+        settings = dict(config)
+        settings["listen"] = f"127.0.0.1:{chosen}"
+        extra: dict[str, Any] = {}
+        if metrics:
+            extra["metrics_port"] = free_port()
+            settings["metricsListen"] = f"127.0.0.1:{extra['metrics_port']}"
+        settings.setdefault("ledger", f"sqlite:///{tmp / 'ledger.db'}")
+        settings.setdefault("audit", {"path": str(tmp / f"{name}-{chosen}-audit.log")})
+        path = write_config(tmp, settings, f"{name}-{chosen}.yaml")
+        log_path = tmp / f"{name}-{chosen}.log"
+        args = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path)]
+        proc = Proc(_spawn(args, log_path, env), chosen, log_path, {"config": path, **extra})
+        if wait:
+            scheme = "https" if tls is not None else "http"
+            wait_http(f"{scheme}://127.0.0.1:{chosen}/healthz", proc, context=tls)
+        return proc
+
+    return start_on_free_ports(start, picked=port is None and wait)
 
 
 def write_tokens(tmp: Path, tokens: list[dict[str, Any]], name: str = "tokens.yaml") -> Path:

@@ -121,11 +121,14 @@ async def seed(env: Env) -> None:
 
 @asynccontextmanager
 async def running_env(
-    tmp: Path, limit: int, env: dict[str, str] | None = None, **extra: Any
+    tmp: Path, limit: int, env: dict[str, str] | None = None, metrics: bool = False, **extra: Any
 ) -> AsyncIterator[Env]:
-    """`extra`: more sidecar config keys; `env`: the sidecar's environment additions."""
+    """`extra`: more sidecar config keys; `env`: the sidecar's environment additions;
+    `metrics`: also a `metricsListen` (`env.sidecar.extra["metrics_port"]`)."""
     store = processes.start_store(tmp)
-    sidecar = processes.start_sidecar(tmp, sidecar_config(tmp, store.url, limit, **extra), env=env)
+    sidecar = processes.start_sidecar(
+        tmp, sidecar_config(tmp, store.url, limit, **extra), env=env, metrics=metrics
+    )
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             running = Env(sidecar.url, store, http, sidecar)

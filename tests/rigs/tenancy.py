@@ -35,14 +35,17 @@ TOKENS = [
 
 @dataclass
 class Recorder:
-    """A pass-through to the store that records every request's method and raw path."""
+    """A pass-through to the store that records every request's method and raw path
+    (`seen`), and the headers it came with (`headers`, one list per request)."""
 
     store_url: str
     seen: list[tuple[str, str]] = field(default_factory=list)
     url: str = ""
+    headers: list[list[tuple[str, str]]] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((request.method, request.raw_path))
+        self.headers.append(list(request.headers.items()))
         body = await request.read()
         headers = {
             k: v
@@ -74,6 +77,7 @@ class Env:
     url: str
     recorder: Recorder
     http: aiohttp.ClientSession
+    sidecar: processes.Proc
 
     async def call(
         self,
@@ -103,19 +107,19 @@ class Env:
 
 @asynccontextmanager
 async def running(
-    tmp: Path, policies: Path = SHIPPED_POLICIES, **config: Any
+    tmp: Path, policies: Path = SHIPPED_POLICIES, metrics: bool = False, **config: Any
 ) -> AsyncIterator[Env]:
-    """The store, the recorder in front of it, and the sidecar pointed at the recorder."""
+    """The store, the recorder in front of it, and the sidecar pointed at the recorder.
+    `metrics`: also a `metricsListen` (`env.sidecar.extra["metrics_port"]`)."""
     store = processes.start_store(tmp)
     recorder = Recorder(store.url)
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", recorder.handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = processes.free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    recorder.url = f"http://127.0.0.1:{port}"
+    recorder.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     tokens = processes.write_tokens(tmp, TOKENS)
     settings: dict[str, Any] = {
         "upstream": recorder.url,
@@ -126,9 +130,9 @@ async def running(
     }
     sidecar = None
     try:
-        sidecar = await _start_sidecar(tmp, settings)
+        sidecar = await _start_sidecar(tmp, settings, metrics)
         async with aiohttp.ClientSession() as http:
-            yield Env(sidecar.url, recorder, http)
+            yield Env(sidecar.url, recorder, http, sidecar)
     finally:
         if sidecar is not None:
             sidecar.stop()
@@ -136,11 +140,11 @@ async def running(
         store.stop()
 
 
-async def _start_sidecar(tmp: Path, settings: dict[str, Any]) -> processes.Proc:
+async def _start_sidecar(tmp: Path, settings: dict[str, Any], metrics: bool) -> processes.Proc:
     """Start the sidecar without blocking the event loop the recorder runs on."""
     import asyncio
 
-    return await asyncio.to_thread(processes.start_sidecar, tmp, settings)
+    return await asyncio.to_thread(processes.start_sidecar, tmp, settings, metrics=metrics)
 
 
 async def seed(

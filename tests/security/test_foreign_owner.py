@@ -5,7 +5,8 @@ tenant: the store then picked a node of that tenant (and its error text for an o
 without free nodes told who owns nodes). Only a grant in force cluster-wide (a
 ClusterRoleBinding) may set an owner other than the caller's tenant, on create,
 update or patch; under a tenant-level grant the owner is the caller's tenant or empty
-(the sidecar fills it in), anything else is 403 and nothing is stored.
+(the sidecar fills it in), anything else is 403 and nothing is stored. Every live test
+runs in every mode (`tests/rigs/modes.py`): no mode relaxes the owner rule (issue 22).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 
 from sidecar.errors import StatusError
 from sidecar.policy.owner import enforce_owner
-from tests.rigs.tenancy import Env, running, seed
+from tests.rigs import modes
+from tests.rigs.tenancy import Env, seed
 
 ACME = "/apis/baremetal/v1/tenants/acme/allocations"
 MERGE = "application/merge-patch+json"
@@ -31,8 +33,9 @@ async def _nodes_free(env: Env) -> dict[str, object]:
     return {i["metadata"]["name"]: (i.get("status") or {}).get("allocation") for i in body["items"]}
 
 
-async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path) -> None:
-    async with running(tmp_path) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path, mode: str) -> None:
+    async with modes.running(tmp_path, mode) as env:
         await seed(env, {"acme-n1": "acme", "beta-n1": "beta"})
         for owner in ("beta", "nosuch", "system"):
             status, body = await env.call(
@@ -81,8 +84,11 @@ async def test_tenant_admin_cannot_allocate_another_tenants_node(tmp_path: Path)
         assert body["spec"]["owner"] == "acme", body
 
 
-async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path: Path) -> None:
-    async with running(tmp_path) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(
+    tmp_path: Path, mode: str
+) -> None:
+    async with modes.running(tmp_path, mode) as env:
         await seed(env, {"acme-n1": "acme"})
         status, body = await env.call(
             "acme-admin",
@@ -113,8 +119,9 @@ async def test_tenant_admin_cannot_move_an_allocation_to_another_owner(tmp_path:
         assert status == 200, body
 
 
-async def test_cluster_admin_may_set_any_owner(tmp_path: Path) -> None:
-    async with running(tmp_path) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_cluster_admin_may_set_any_owner(tmp_path: Path, mode: str) -> None:
+    async with modes.running(tmp_path, mode) as env:
         await seed(env, {"acme-n1": "acme", "beta-n1": "beta"})
         status, body = await env.call(
             "admin",
@@ -136,8 +143,9 @@ async def test_cluster_admin_may_set_any_owner(tmp_path: Path) -> None:
         assert body["spec"]["owner"] == "beta", body
 
 
-async def test_node_owner_cannot_push_its_node_to_another_tenant(tmp_path: Path) -> None:
-    async with running(tmp_path) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_node_owner_cannot_push_its_node_to_another_tenant(tmp_path: Path, mode: str) -> None:
+    async with modes.running(tmp_path, mode) as env:
         await seed(env, {"acme-n1": "acme"})
         for patch, ctype in (
             ({"spec": {"owner": "beta"}}, MERGE),

@@ -2,8 +2,10 @@
 
 Against the real sidecar and the real backing store, on both ledgers (a SQLite file and
 the real Redis under the test's own prefix): one key can never create more objects
-than the limit, a key reused on another path or with another body is 422, and a retry
-while the first create is still in flight is 409.
+than the limit, a key reused on another path or with another body is 422, a retry
+while the first create is still in flight is 409, and a retry after it succeeded gets
+the first answer replayed without being charged again (tests/security/
+test_ambiguous_outcomes.py: also when the quota is full by then).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from tests.rigs import processes
 from tests.rigs.ledgers import ledger_for_kind
 from tests.rigs.quota import (
+    ALICE,
     CONFIGMAPS,
     PODS,
     SERVERS,
@@ -52,12 +55,13 @@ async def test_one_key_never_creates_more_than_the_limit(
         assert statuses[0] == 201, statuses
         assert set(statuses[1:]) == {422}, statuses
 
-        # A retry of the very same create is never charged twice (the store already
-        # has the object: AlreadyExists, nothing committed).
-        status, _ = await env.send(
+        # A retry of the very same create is never charged twice: it gets the first
+        # answer replayed (DESIGN §7), and the store is not asked again.
+        status, body = await env.send(
             "POST", SERVERS, {"metadata": {"name": "s0"}}, headers={"Idempotency-Key": "one-key"}
         )
-        assert status == 409
+        assert status == 201, body
+        assert body["metadata"]["name"] == "s0"
         assert await env.usage("servers") == (1, 0)
 
 
@@ -65,33 +69,45 @@ async def test_one_key_never_creates_more_than_the_limit(
 async def test_retries_of_one_create_stay_within_the_limit(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The same create retried after each success (its object deleted in between) is
-    checked and charged like a new one: the ledger always matches the store."""
+    """A create retried after it succeeded gets its first answer replayed and is never
+    charged again, even once its object is deleted (the key stands for that one
+    create); the same create under a new key is checked and charged like any other:
+    the ledger always matches the store."""
     url, extra = ledger_for_kind(kind, tmp_path, request)
     async with quota_env(tmp_path, url, **extra) as env:
         for i in range(9):
             status, body = await env.send("POST", SERVERS, {"metadata": {"name": f"f{i}"}})
             assert status == 201, body
-        for _ in range(4):
-            status, body = await env.send(
-                "POST",
-                SERVERS,
-                {"metadata": {"name": "again"}},
-                headers={"Idempotency-Key": "retry"},
-            )
-            assert status == 201, body
+        for attempt in range(4):
+            async with env.http.post(
+                env.url(SERVERS),
+                json={"metadata": {"name": "again"}},
+                headers={**ALICE, "Idempotency-Key": "retry"},
+            ) as r:
+                assert r.status == 201, await r.text()
+                replayed = r.headers.get("Idempotency-Replayed")
+            assert replayed == (None if attempt == 0 else "true")
             assert await env.usage("servers") == (10, 0)
-            status, _ = await env.send("DELETE", SERVERS + "/again")
-            assert status == 200
-        # Full up, the key does not help a create past the limit.
-        status, _ = await env.send("POST", SERVERS, {"metadata": {"name": "f9"}})
-        assert status == 201
+        status, _ = await env.send("DELETE", SERVERS + "/again")
+        assert status == 200
         status, body = await env.send(
             "POST", SERVERS, {"metadata": {"name": "again"}}, headers={"Idempotency-Key": "retry"}
         )
-        assert status == 403, body
+        assert status == 201, body  # replayed: nothing made, nothing charged
+        assert await env.usage("servers") == (9, 0)
+        assert len((await env.stored(SERVERS))["items"]) == 9
+        # Under a new key it is a new create: checked and charged.
+        for key, want in (("retry-2", 201), ("retry-3", 403)):
+            status, body = await env.send(
+                "POST",
+                SERVERS,
+                {"metadata": {"name": f"k-{key}"}},
+                headers={"Idempotency-Key": key},
+            )
+            assert status == want, body
         assert body["reason"] == "QuotaExceeded", body
         assert len((await env.stored(SERVERS))["items"]) == 10
+        assert await env.usage("servers") == (10, 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -69,6 +69,25 @@ CASES: dict[str, tuple[Any, str]] = {
         lambda t: {"tokenFile": write(t, "tokens.yaml", "a: 1\n")},
         "identity.tokenFile",
     ),
+    # DESIGN §4: an empty file (as a half-written one is) fails like a broken one; only
+    # an explicit `[]` means "no static tokens".
+    "empty token file": (lambda t: {"tokenFile": write(t, "tokens.yaml", "")}, "empty"),
+    "whitespace-only token file": (
+        lambda t: {"tokenFile": write(t, "tokens.yaml", " \n\t\n")},
+        "identity.tokenFile",
+    ),
+    "comments-only token file": (
+        lambda t: {"tokenFile": write(t, "tokens.yaml", "# tokens come later\n")},
+        "identity.tokenFile",
+    ),
+    "empty public key file": (
+        lambda t: {"jwt": {"algorithms": ["RS256"], "publicKeyFile": write(t, "key.pem", "")}},
+        "identity.jwt.publicKeyFile",
+    ),
+    "whitespace-only JWKS file": (
+        lambda t: {"jwt": {"algorithms": ["RS256"], "jwksFile": write(t, "jwks.json", "\n  \n")}},
+        "identity.jwt.jwksFile",
+    ),
     "missing public key file": (
         lambda t: {"jwt": {"algorithms": ["RS256"], "publicKeyFile": str(t / "key.pem")}},
         "identity.jwt.publicKeyFile",

@@ -113,6 +113,6 @@ async def test_unreachable_redis_ledger_names_no_url_or_password(tmp_path: Path)
     url = f"redis://:s3cret-pw@127.0.0.1:{port}/0"
     async with quota_env(tmp_path, url) as env:
         await assert_creates_fail_closed(env, "s3cret-pw", "redis://", str(port))
-        text = await readyz_shows(env, "ledger unreachable")
+        text = await readyz_shows(env, "ledger unavailable: redis 127.0.0.1:")
         assert_no_leak(text, "s3cret-pw", "redis://")
         assert "s3cret-pw" not in env.sidecar.log()

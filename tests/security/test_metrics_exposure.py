@@ -90,10 +90,9 @@ async def test_metrics_requests_pass_the_rate_limiter(tmp_path: Path) -> None:
 
 
 async def test_metrics_listen_serves_a_scraper_without_credentials(tmp_path: Path) -> None:
-    scrape_port = processes.free_port()
-    async with tenancy.running(tmp_path, metricsListen=f"127.0.0.1:{scrape_port}") as env:
+    async with tenancy.running(tmp_path, metrics=True) as env:
         await env.call("acme-admin", "GET", "/api/v1/namespaces/default/configmaps")
-        scrape = f"http://127.0.0.1:{scrape_port}"
+        scrape = f"http://127.0.0.1:{env.sidecar.extra['metrics_port']}"
         status, body = await get(env.http, scrape + "/metrics")
         assert status == 200, body
         assert 'tenant="acme"' in body

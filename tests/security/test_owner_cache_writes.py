@@ -3,20 +3,24 @@
 After an admin reassigned a node to another tenant, its previous owner could still
 PATCH it for `cache.ownerTtlSeconds`. The owner behind a write (update, patch,
 delete, subresource writes) is always read fresh; reads may use the cache. The TTL is
-long here so a cached owner would certainly still be in force.
+long here so a cached owner would certainly still be in force. In every mode.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.rigs.tenancy import running, seed
+import pytest
+
+from tests.rigs import modes
+from tests.rigs.tenancy import seed
 
 MERGE = "application/merge-patch+json"
 
 
-async def test_previous_owner_cannot_write_after_reassignment(tmp_path: Path) -> None:
-    async with running(tmp_path, cache={"ownerTtlSeconds": 60}) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_previous_owner_cannot_write_after_reassignment(tmp_path: Path, mode: str) -> None:
+    async with modes.running(tmp_path, mode, cache={"ownerTtlSeconds": 60}) as env:
         await seed(env, {"n1": "acme"})
         status, body = await env.call("acme-owner", "GET", "/api/v1/nodes/n1")
         assert status == 200, body  # the owner is now cached for acme

@@ -3,7 +3,7 @@
 A review of a node the caller does not own answered `allowed: false`, a review of a
 missing node answered 404: a tenant could probe which node names exist. A review
 answers exactly what the request it describes would get (404 for both), so it gives
-the same answer for an unowned object and a missing one.
+the same answer for an unowned object and a missing one, in every mode.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.rigs.tenancy import Env, running, seed
+import pytest
+
+from tests.rigs import modes
+from tests.rigs.tenancy import Env, seed
 
 REVIEWS = "/apis/authorization.k8s.io/v1/tenants/acme/selfsubjectaccessreviews"
 
@@ -35,8 +38,9 @@ async def _ask(env: Env, verb: str, name: str) -> tuple[int, Any]:
     return await env.call("acme-owner", "POST", REVIEWS, review(verb, name))
 
 
-async def test_unowned_and_missing_nodes_get_the_same_review(tmp_path: Path) -> None:
-    async with running(tmp_path) as env:
+@pytest.mark.parametrize("mode", modes.MODES)
+async def test_unowned_and_missing_nodes_get_the_same_review(tmp_path: Path, mode: str) -> None:
+    async with modes.running(tmp_path, mode) as env:
         await seed(env, {"mine": "acme", "theirs": "beta", "free": None})
         for verb in ("get", "patch", "delete"):
             answers = {}

@@ -1,14 +1,17 @@
 """Secrets in logs and answers (DESIGN §9): passwords in URLs (the global rate-limit
-tier's Redis, the Redis ledger, the upstream) never appear in the process log, in
-`/readyz`, in `/metrics` or in any error body, even while those services are down and
-every request logs or answers about them. Real sidecar and backing store processes."""
+tier's Redis and the Redis ledger, each one server, a Redis Cluster or a Sentinel set;
+the upstream) never appear in the process log, in `/readyz`, in `/metrics` or in any
+error body, even while those services are down and every request logs or answers
+about them. Real sidecar and backing store processes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.rigs import paths, processes, tenancy
 from tests.rigs.waiting import eventually
@@ -21,8 +24,13 @@ def closed_port() -> int:
     return processes.free_port()  # bound and released: nothing listens there
 
 
-async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
-    redis = f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"
+@pytest.mark.parametrize(
+    "form", ["redis://H/0", "redis+cluster://H,H", "redis+sentinel://H,H/mymaster"]
+)
+async def test_redis_passwords_never_leak(tmp_path: Path, form: str) -> None:
+    scheme, _, rest = form.partition("://")
+    hosts = ",".join(f"127.0.0.1:{closed_port()}" for _ in rest.split("/")[0].split(","))
+    redis = f"{scheme}://:{PASSWORD}@{hosts}/{rest.partition('/')[2]}".rstrip("/")
     async with tenancy.running(
         tmp_path,
         ledger=redis,
@@ -66,7 +74,9 @@ async def test_redis_passwords_never_leak(tmp_path: Path) -> None:
         *[("body", b) for b in bodies],
     ]:
         assert PASSWORD not in text, (where, text[-2000:])
-    assert "unreachable" in readyz
+    checks = json.loads(readyz)["checks"]
+    assert checks["ledger"]["ok"] is False, readyz
+    assert "failing open to the local tier" in checks["ratelimit"]["detail"], readyz
 
 
 async def test_upstream_password_never_leaks(tmp_path: Path) -> None:

@@ -1,13 +1,21 @@
 """Truncated upstream answers (issue 12 finding 8, DESIGN §8): an answer the sidecar
 must read (owner-filtered lists, create answers the quota stage records, its own
-lookups) is read completely; one cut short is a 502 and releases the quota
-reservation. Real sidecar process with the shipped policies, raw upstream."""
+lookups) is read completely; one cut short is a 502, and a create's reservation is
+then settled against the store (DESIGN §7: charged when the store has the object,
+released when not), never committed from the partial answer. Real sidecar process
+with the shipped policies, raw upstream.
+
+Owner-filtered lists stream (issue 24, DESIGN §8): one whose filtered answer fits in
+what the sidecar holds before it starts answering (1 MiB) is still a 502 when cut
+short, invalid or oversized; a longer one has started when the cut comes, and the
+client then gets a broken answer (the connection ends without the last chunk), never a
+clean-looking partial list (docs/security.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +24,7 @@ import pytest
 
 from tests.rigs import paths, processes
 from tests.rigs.raw_http import ALICE_TOKEN, Message, RawUpstream, sidecar_config
+from tests.rigs.waiting import eventually
 
 ROOT = paths.ROOT
 ALICE = {"Authorization": f"Bearer {ALICE_TOKEN}"}
@@ -57,14 +66,37 @@ def _head(status: int, length: int) -> bytes:
     ).encode()
 
 
+BIG_NODES = _node_list(45_000)  # about 7 MB, 2.3 MB of it acme's: more than is held
+CUT = len(BIG_NODES) * 3 // 4  # past the first 1 MiB the sidecar answers
+
+
+def _chunked_head() -> bytes:
+    return b"HTTP/1.1 200 X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def _send_chunks(writer: asyncio.StreamWriter, body: bytes, pieces: int = 25) -> None:
+    step = max(1, len(body) // pieces)
+    for start in range(0, len(body), step):
+        piece = body[start : start + step]
+        writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        await writer.drain()
+
+
+Answer = Callable[[asyncio.StreamWriter], Awaitable[bool]]
+
+
 class Scripted:
-    """Answers by path: whole node lists in pieces, or answers cut short."""
+    """Answers by path: whole node lists in pieces, or answers cut short; `nodes`, when
+    set, answers the node list instead."""
 
     def __init__(self) -> None:
         self.cut = False
+        self.nodes: Answer | None = None
 
     async def __call__(self, msg: Message, writer: asyncio.StreamWriter) -> bool:
         path = msg.target.partition("?")[0]
+        if path == "/api/v1/nodes" and self.nodes is not None:
+            return await self.nodes(writer)
         if path == "/api/v1/nodes":
             if self.cut:  # promises 700 KB, sends 300 KB, closes
                 await _send_in_pieces(writer, _head(200, len(NODES)), NODES[:300_000])
@@ -81,6 +113,11 @@ class Scripted:
             body = json.dumps({"metadata": {"name": "web-1"}, "pad": "r" * 1_000_000}).encode()
             await _send_in_pieces(writer, _head(201, len(body)), body[:100_000])
             return False
+        if msg.method == "GET" and path == SERVERS + "/web-1":  # it was made
+            body = json.dumps({"metadata": {"name": "web-1"}}).encode()
+            writer.write(_head(200, len(body)) + body)
+            await writer.drain()
+            return True
         writer.write(_head(200, 2) + b"{}")
         await writer.drain()
         return True
@@ -155,7 +192,7 @@ async def _servers_row(s: aiohttp.ClientSession, base: str) -> dict[str, Any]:
     return next(row for row in rows if row["resource"] == "servers")
 
 
-async def test_create_answer_cut_short_is_502_and_releases_the_reservation(
+async def test_create_answer_cut_short_is_502_and_settled_against_the_store(
     stack: tuple[Scripted, RawUpstream, processes.Proc],
 ) -> None:
     _, upstream, proc = stack
@@ -168,6 +205,113 @@ async def test_create_answer_cut_short_is_502_and_releases_the_reservation(
             assert body["kind"] == "Status"
             assert body["code"] == 502
         assert any(m.method == "POST" for m in upstream.snapshot()[0])
-        after = await _servers_row(s, proc.url)
-    assert after["used"] == before["used"]
-    assert after["in_progress"] == before["in_progress"] == 0
+        assert before["in_progress"] == 0
+
+        async def settled() -> dict[str, Any] | None:
+            row = await _servers_row(s, proc.url)
+            return row if row["in_progress"] == 0 else None
+
+        # The store has it (its GET says so): charged once, from the store's object.
+        after = await eventually(settled, what="the reservation is settled")
+    assert after["used"] == before["used"] + 1
+
+
+# -- owner-filtered lists that stream -------------------------------------------------
+
+
+async def _broken_answer(proc: processes.Proc) -> None:
+    """The client's view of a streamed list cut mid-way: a 200 whose body never ends
+    cleanly, so no client takes it for a whole (shorter) list."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{proc.url}/api/v1/nodes", headers=ALICE) as r:
+            assert r.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+
+
+async def _whole_list_afterwards(script: Scripted, proc: processes.Proc) -> None:
+    script.nodes = None
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{proc.url}/api/v1/nodes", headers=ALICE) as r:
+            assert r.status == 200
+            assert len((await r.json())["items"]) == ACME_NODES
+
+
+async def test_a_long_list_cut_after_it_started_is_a_broken_answer(
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
+) -> None:
+    script, _, proc = stack
+
+    async def cut(writer: asyncio.StreamWriter) -> bool:  # promises 7 MB, sends 5 MB
+        await _send_in_pieces(writer, _head(200, len(BIG_NODES)), BIG_NODES[:CUT])
+        return False
+
+    script.nodes = cut
+    await _broken_answer(proc)
+    await _whole_list_afterwards(script, proc)
+
+
+async def test_a_long_chunked_list_without_its_last_chunk_is_a_broken_answer(
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
+) -> None:
+    script, _, proc = stack
+
+    async def cut(writer: asyncio.StreamWriter) -> bool:
+        writer.write(_chunked_head())
+        await _send_chunks(writer, BIG_NODES[:CUT])
+        return False
+
+    script.nodes = cut
+    await _broken_answer(proc)
+
+
+async def test_a_long_list_that_turns_invalid_is_a_broken_answer(
+    stack: tuple[Scripted, RawUpstream, processes.Proc],
+) -> None:
+    """Complete framing, but the JSON breaks after the answer started."""
+    script, _, proc = stack
+    body = BIG_NODES[:CUT] + b"\x00" + BIG_NODES[CUT:]  # invalid in and out of strings
+
+    async def invalid(writer: asyncio.StreamWriter) -> bool:
+        await _send_in_pieces(writer, _head(200, len(body)), body)
+        return True
+
+    script.nodes = invalid
+    await _broken_answer(proc)
+    await _whole_list_afterwards(script, proc)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        NODES[:-2] + b"x]}",  # invalid JSON near the end of a list that fits
+        NODES + b" {}",  # a second document after the list
+        json.dumps(  # one item larger than the sidecar reads (6 MiB by default)
+            {"kind": "NodeList", "items": [{"spec": {"owner": "beta"}, "pad": "z" * 7_000_000}]}
+        ).encode(),
+    ],
+    ids=["invalid", "trailing", "item-too-large"],
+)
+async def test_a_list_that_fits_and_is_broken_is_502(
+    stack: tuple[Scripted, RawUpstream, processes.Proc], body: bytes
+) -> None:
+    script, _, proc = stack
+
+    async def broken(writer: asyncio.StreamWriter) -> bool:
+        writer.write(_chunked_head())
+        await _send_chunks(writer, body)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    script.nodes = broken
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{proc.url}/api/v1/nodes", headers=ALICE) as r:
+            assert r.status == 502, await r.text()
+            answer = await r.json()
+            assert answer["kind"] == "Status"
+            assert answer["code"] == 502
+            # The refusal does not quote the answer it refused.
+            assert "node-" not in answer["message"]
+            assert "owner" not in answer["message"]
+    await _whole_list_afterwards(script, proc)

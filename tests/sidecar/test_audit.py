@@ -14,7 +14,7 @@ from aiohttp.test_utils import make_mocked_request
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.audit import AuditLog, encode, line_for
+from sidecar.audit import MAX_RECORD_BYTES, AnonymousRefusals, AuditLog, cap, encode, line_for
 from sidecar.config import AuditConfig
 from sidecar.context import Identity, RequestContext
 from sidecar.errors import StatusError
@@ -134,6 +134,72 @@ _AWKWARD = st.text(
 )
 
 
+def _request(
+    user: str,
+    groups: list[str],
+    name: str,
+    namespace: str | None,
+    reason: str,
+    raw_path: str,
+    notes: dict[str, Any],
+    with_identity: bool,
+    with_target: bool,
+    with_decision: bool,
+) -> tuple[RequestContext, dict[str, Any]]:
+    """A finished request's context and the record DESIGN §9 documents for it (its
+    `time` and `latencyMs` are None: the caller fills them from the line)."""
+    request = make_mocked_request("GET", "/x")
+    ctx = RequestContext(
+        request=request,
+        request_id="req-1",
+        policy=cast(Any, SimpleNamespace(revision="rev-0")),
+        max_body_bytes=10,
+    )
+    ctx.audit.update(notes)
+    identity = Identity(user, "acme", tuple(groups), "token") if with_identity else None
+    target = (
+        RequestTarget(
+            path="/p",
+            verb="get",
+            resource_request=True,
+            api_group="compute",
+            tenant="acme",
+            namespace=namespace,
+            resource="servers",
+            subresource="tags",
+            name=name,
+        )
+        if with_target
+        else None
+    )
+    decision = Verdict("allow", reason, "rev-1") if with_decision else None
+    ctx.identity, ctx.target, ctx.decision = identity, target, decision
+    ctx.error = None if with_decision else StatusError(403, reason)
+    expected: dict[str, Any] = {
+        "time": None,
+        "requestId": "req-1",
+        "user": user if identity else None,
+        "tenant": "acme" if identity else None,
+        "groups": groups if identity else [],
+        "method": "GET",
+        "path": raw_path,
+        "verb": "get",
+        "apiGroup": "compute" if target else None,
+        "resource": "servers/tags" if target else None,
+        "targetTenant": "acme" if target else None,
+        "namespace": namespace if target else None,
+        "name": name if target else None,
+        "decision": "allow" if decision else "none",
+        "reason": reason,
+        "revision": "rev-1" if decision else "rev-0",
+        "status": None,
+        "latencyMs": None,
+        "client": request.remote,
+        **notes,
+    }
+    return _with_raw_path(ctx, raw_path), expected
+
+
 @given(
     user=_AWKWARD,
     groups=st.lists(_AWKWARD, max_size=3),
@@ -162,60 +228,104 @@ def test_a_request_line_is_the_record_encoded(
 ) -> None:
     """`line_for` writes, text for text, what `encode` gives for the documented record
     (DESIGN §9) followed by the stages' notes: one line, ASCII only."""
-    request = make_mocked_request("GET", "/x")
-    ctx = RequestContext(
-        request=request,
-        request_id="req-1",
-        policy=cast(Any, SimpleNamespace(revision="rev-0")),
-        max_body_bytes=10,
-    )
-    ctx.audit.update(notes)
-    identity = Identity(user, "acme", tuple(groups), "token") if with_identity else None
-    target = (
-        RequestTarget(
-            path="/p",
-            verb="get",
-            resource_request=True,
-            api_group="compute",
-            tenant="acme",
-            namespace=namespace,
-            resource="servers",
-            subresource="tags",
-            name=name,
-        )
-        if with_target
-        else None
-    )
-    decision = Verdict("allow", reason, "rev-1") if with_decision else None
-    ctx.identity, ctx.target, ctx.decision = identity, target, decision
-    ctx.error = None if with_decision else StatusError(403, reason)
-    line = line_for(_with_raw_path(ctx, raw_path), status)
+    ctx, expected = _request(
+        user, groups, name, namespace, reason, raw_path, notes,
+        with_identity, with_target, with_decision,
+    )  # fmt: skip
+    line = line_for(ctx, status)
     record = json.loads(line)
-    expected: dict[str, Any] = {
-        "time": record["time"],
-        "requestId": "req-1",
-        "user": user if identity else None,
-        "tenant": "acme" if identity else None,
-        "groups": groups if identity else [],
-        "method": "GET",
-        "path": raw_path,
-        "verb": "get",
-        "apiGroup": "compute" if target else None,
-        "resource": "servers/tags" if target else None,
-        "targetTenant": "acme" if target else None,
-        "namespace": namespace if target else None,
-        "name": name if target else None,
-        "decision": "allow" if decision else "none",
-        "reason": reason,
-        "revision": "rev-1" if decision else "rev-0",
-        "status": status,
-        "latencyMs": record["latencyMs"],
-        "client": request.remote,
-        **notes,
-    }
+    expected.update(time=record["time"], latencyMs=record["latencyMs"], status=status)
     assert line == encode(expected)
     assert line.isascii()
     assert line.count("\n") == 1
+
+
+# Long values: a short awkward text many times over (a 30 KB target, a JWT's thousand
+# groups, a long reason), so that some records are far over 4 KiB and some just over.
+_LONG = st.builds(lambda text, times: text * times, _AWKWARD, st.integers(0, 2500))
+
+
+@given(
+    user=_LONG,
+    groups=st.builds(
+        lambda some, times: some * times, st.lists(_AWKWARD, max_size=3), st.integers(0, 400)
+    ),
+    name=_AWKWARD,
+    namespace=st.one_of(st.none(), _AWKWARD),
+    reason=_LONG,
+    raw_path=_LONG,
+    notes=st.dictionaries(
+        st.sampled_from(["ratelimit", "authenticator", "watch", "quota"]),
+        st.one_of(_LONG, st.integers(), st.none(), st.lists(st.integers(), max_size=400)),
+        max_size=3,
+    ),
+    with_identity=st.booleans(),
+    with_target=st.booleans(),
+    with_decision=st.booleans(),
+)
+def test_a_long_record_is_cut_to_4_kib_and_marked(
+    user: str,
+    groups: list[str],
+    name: str,
+    namespace: str | None,
+    reason: str,
+    raw_path: str,
+    notes: dict[str, Any],
+    with_identity: bool,
+    with_target: bool,
+    with_decision: bool,
+) -> None:
+    """DESIGN §9: a record is at most 4 KiB, still exactly one line of valid JSON: a
+    record that fits is the record encoded; a longer one is the same record with values
+    cut to prefixes (lists to their first items), every key kept, `"truncated": true`,
+    and no value shorter than a fair share of the 4 KiB cut at all."""
+    ctx, expected = _request(
+        user, groups, name, namespace, reason, raw_path, notes,
+        with_identity, with_target, with_decision,
+    )  # fmt: skip
+    line = line_for(ctx, 403)
+    assert len(line.encode()) <= MAX_RECORD_BYTES
+    assert line.isascii()
+    assert line.count("\n") == 1
+    assert line.endswith("\n")
+    record = json.loads(line)
+    expected.update(time=record["time"], latencyMs=record["latencyMs"], status=403)
+    if len(encode(expected)) <= MAX_RECORD_BYTES:
+        assert line == encode(expected)
+        return
+    assert record.pop("truncated") is True
+    assert list(record) == list(expected)
+    # Room the keys and the smallest values leave, shared by every key.
+    fair_share = (MAX_RECORD_BYTES - 1000) // (len(expected) + 1)
+    for key, full in expected.items():
+        cut = record[key]
+        if len(encode(full)) <= fair_share:
+            assert cut == full, key
+        elif cut == full:
+            continue
+        elif isinstance(full, str):
+            assert full.startswith(cut), key
+        elif isinstance(full, list) and all(isinstance(g, str) for g in full):
+            assert cut == full[: len(cut)], key
+        elif isinstance(full, list):  # kept as its JSON text, cut
+            assert json.dumps(full, separators=(",", ":")).startswith(cut), key
+        else:
+            assert cut == full, key
+
+
+def test_a_30_kb_target_is_cut_and_the_rest_of_the_record_kept() -> None:
+    ctx, expected = _request(
+        "alice", ["devs"], "web-1", "dev", "allowed", "/api/v1/x?q=" + "A" * 30000, {},
+        True, True, True,
+    )  # fmt: skip
+    line = line_for(ctx, 200)
+    assert len(line) <= MAX_RECORD_BYTES
+    record = json.loads(line)
+    assert record["truncated"] is True
+    assert record["path"].startswith("/api/v1/x?q=AAAA")
+    assert 3000 < len(record["path"]) < 4096
+    for key in ("user", "groups", "name", "namespace", "reason", "requestId", "client"):
+        assert record[key] == expected[key]
 
 
 def _with_raw_path(ctx: RequestContext, raw_path: str) -> RequestContext:
@@ -224,3 +334,109 @@ def _with_raw_path(ctx: RequestContext, raw_path: str) -> RequestContext:
         Any, SimpleNamespace(method="GET", raw_path=raw_path, remote=ctx.request.remote)
     )
     return ctx
+
+
+# -- anonymous refusals -------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _refused(address: str, request_id: str, raw_path: str = "/api/v1/pods") -> RequestContext:
+    ctx, _ = _request("", [], "", None, "too many", raw_path, {}, False, False, False)
+    ctx.request_id = request_id
+    ctx.audit["ratelimit"] = "limited:anonymous"
+    ctx.request = cast(Any, SimpleNamespace(method="GET", raw_path=raw_path, remote=address))
+    return ctx
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    for line in lines:
+        assert line.endswith("}\n")
+        assert line.count("\n") == 1
+        assert len(line) <= MAX_RECORD_BYTES
+    return [json.loads(line) for line in lines]
+
+
+async def test_refusals_of_an_address_are_one_record_per_window_with_their_count() -> None:
+    lines: list[str] = []
+    clock = _Clock()
+    refusals = AnonymousRefusals(lines.append, window=1.0, clock=clock)
+    flood = _refused("10.0.0.1", "a0")
+    for i in range(1000):
+        flood.request_id = f"a{i}"  # the record is the first refusal's
+        refusals.add(flood, 429)
+    refusals.add(_refused("10.0.0.2", "b0"), 429)
+    assert lines == []  # nothing written while the windows are open
+    clock.now += 0.5
+    refusals.add(_refused("10.0.0.1", "a-late"), 429)
+    clock.now += 0.6
+    refusals.flush()  # the first windows have passed
+    first = _records(lines)
+    assert [(r["requestId"], r["client"], r["count"]) for r in first] == [
+        ("a0", "10.0.0.1", 1001),
+        ("b0", "10.0.0.2", 1),
+    ]
+    assert first[0]["status"] == 429
+    # A refusal after the window opens the next one; the counts add up to the refusals.
+    refusals.add(_refused("10.0.0.1", "a-next"), 429)
+    refusals.add(_refused("10.0.0.1", "a-next-2"), 429)
+    refusals.flush()
+    assert len(lines) == 2  # that window is still open
+    refusals.flush(everything=True)
+    records = _records(lines)
+    assert [(r["requestId"], r["count"]) for r in records[2:]] == [("a-next", 2)]
+    assert sum(r["count"] for r in records) == 1004
+
+
+async def test_the_open_windows_are_bounded_and_an_evicted_one_keeps_its_count() -> None:
+    lines: list[str] = []
+    refusals = AnonymousRefusals(lines.append, window=1.0, max_addresses=3, clock=_Clock())
+    for i in range(10):
+        for j in range(i + 1):
+            refusals.add(_refused(f"10.0.1.{i}", f"r{i}-{j}"), 429)
+        assert len(refusals._open) <= 3
+    refusals.flush(everything=True)
+    records = _records(lines)
+    assert sorted(r["client"] for r in records) == sorted(f"10.0.1.{i}" for i in range(10))
+    assert {r["client"]: r["count"] for r in records} == {f"10.0.1.{i}": i + 1 for i in range(10)}
+
+
+async def test_an_aggregated_record_of_a_30_kb_target_with_its_count_fits_4_kib() -> None:
+    lines: list[str] = []
+    refusals = AnonymousRefusals(lines.append, clock=_Clock())
+    flood = _refused("10.0.0.9", "x0", "/api/v1/pods?q=" + "\u2028" * 30000)
+    for _ in range(12345):
+        refusals.add(flood, 429)
+    refusals.flush(everything=True)
+    (record,) = _records(lines)
+    assert record["count"] == 12345
+    assert record["truncated"] is True
+    assert set("".join(record["path"][len("/api/v1/pods?q=") :])) <= {"\u2028"}
+
+
+async def test_the_window_closes_by_itself() -> None:
+    lines: list[str] = []
+    refusals = AnonymousRefusals(lines.append, window=0.05)
+    for i in range(5):
+        refusals.add(_refused("10.0.0.3", f"t{i}"), 429)
+    await eventually(lambda: lines, what="the window's record written by its timer")
+    assert [(r["requestId"], r["count"]) for r in _records(lines)] == [("t0", 5)]
+    assert refusals._timer is None  # no timer left running while nothing is open
+
+
+def test_cap_keeps_a_short_line_and_cuts_a_long_one() -> None:
+    short = encode({"time": "t", "path": "/x"})
+    assert cap(short) == short
+    long = encode({"time": "t", "path": "/" + "x" * 10000, "groups": ["g"] * 5000})
+    cut = json.loads(cap(long, 1000))
+    assert len(cap(long, 1000)) <= 1000
+    assert cut["time"] == "t"
+    assert cut["truncated"] is True
+    assert cut["path"].startswith("/xxx")
+    assert cut["groups"][:1] == ["g"]

@@ -90,6 +90,9 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         ("metricsListen: 'host:0'\n", {}, "'metricsListen' must be HOST:PORT"),
         ("identity: {jwt: {requireExp: sometimes}}\n", {}, "'identity.jwt.requireExp'"),
         ("eventLoop: trio\n", {}, "'eventLoop'"),
+        ("identity: {stripHeaders: X-User}\n", {}, "'identity.stripHeaders' must be a list"),
+        ("identity: {stripHeaders: ['X User']}\n", {}, "'identity.stripHeaders[0]' is not a"),
+        ("identity: {stripHeaders: [X-A, Content_Length]}\n", {}, "'identity.stripHeaders[1]'"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -145,3 +148,20 @@ def test_event_loop_choice() -> None:
     assert _loop_runner("auto") is uvloop.run  # uvloop is a dependency where it exists
     assert _loop_runner("uvloop") is uvloop.run
     assert _loop_runner("asyncio") is asyncio.run
+
+
+def test_strip_headers_are_compared_without_case_and_with_underscores_as_dashes() -> None:
+    assert load_config(None, env={}).identity.strip_header_names == frozenset()
+    config = load_config(None, env={"SIDECAR_IDENTITY__STRIP_HEADERS": "[X-Auth-User, x_email]"})
+    assert config.identity.strip_headers == ["X-Auth-User", "x_email"]
+    assert config.identity.strip_header_names == {"x-auth-user", "x-email"}
+
+
+def test_a_yaml_error_never_quotes_the_line(tmp_path: Path) -> None:
+    """PyYAML's message quotes the offending line, which may hold the JWT secret."""
+    path = tmp_path / "sidecar.yaml"
+    path.write_text('identity:\n  jwt: {secret: "topsecret-value", algorithms: [HS256\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path=str(path), env={})
+    assert "not valid YAML: line 3" in str(err.value)
+    assert "topsecret" not in str(err.value)

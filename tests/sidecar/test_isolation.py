@@ -2,7 +2,8 @@
 through the real sidecar app to a recording upstream that counts what it receives, and
 against the real backing store (a process): a concealed tenant answers byte for byte
 what a tenant that does not exist answers, and short paths land in the caller's own
-tenant whatever X-Remote-* headers the client sends."""
+tenant whatever X-Remote-* headers the client sends. The matrix and the store tests run
+in every mode (`tests/rigs/modes.py`): no mode opens another tenant (issue 22)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ from sidecar.context import Identity
 from sidecar.errors import not_found, tenant_not_found
 from sidecar.isolation import outside_caller_tenant, refusal
 from sidecar.target import parse_target
-from tests.rigs import processes
-from tests.rigs.inprocess import InProcessSidecar, RecordingUpstream, running_sidecar, status_body
+from tests.rigs import modes, processes
+from tests.rigs.inprocess import (
+    InProcessSidecar,
+    RecordingUpstream,
+    running_sidecar,
+    status_body,
+    write_policy,
+)
 from tests.rigs.processes import write_tokens
 
 ALICE = Identity("alice", "acme", ("users",), "static-token")
@@ -109,6 +116,54 @@ def test_refusal_status(who: Identity, path: str, isolated: bool, code: int) -> 
     assert refusal(who, t, conceal=False, isolated=isolated).code == 403
 
 
+@pytest.mark.parametrize(
+    ("who", "method", "path", "scope", "tenant", "forwarded"),
+    [
+        # A tenant user's cluster-level list or watch of a resource stored under
+        # tenants means its own tenant (DESIGN §3: `kubectl get -A`) ...
+        (ALICE, "GET", "/api/v1/configmaps", "tenant", "acme", "/api/v1/tenants/acme/configmaps"),
+        (
+            ALICE,
+            "GET",
+            "/api/v1/pods?watch=1",
+            "tenant",
+            "acme",
+            "/api/v1/tenants/acme/pods?watch=true",
+        ),
+        (ALICE, "GET", "/api/v1/watch/pods", "tenant", "acme", "/api/v1/watch/tenants/acme/pods"),
+        (
+            ALICE,
+            "GET",
+            "/apis/baremetal/v1/allocations",
+            "tenant",
+            "acme",
+            "/apis/baremetal/v1/tenants/acme/allocations",
+        ),
+        (
+            ALICE,
+            "GET",
+            "/api/v1/secrets?fieldSelector=metadata.name%3Dx",
+            "tenant",
+            "acme",
+            "/api/v1/tenants/acme/secrets?fieldSelector=metadata.name%3Dx",
+        ),
+        # ... not its other verbs, not cluster-scoped resources, not the Tenant list
+        (ALICE, "DELETE", "/api/v1/configmaps", "cluster", None, "/api/v1/configmaps"),
+        (ALICE, "GET", "/api/v1/nodes", "cluster", None, "/api/v1/nodes"),
+        (ALICE, "GET", "/api/v1/tenants", "cluster", None, "/api/v1/tenants"),
+        # ... and a `system` caller keeps the all-tenants meaning.
+        (OPERATOR, "GET", "/api/v1/configmaps", "cluster", None, "/api/v1/configmaps"),
+    ],
+)
+def test_cluster_level_lists_of_tenant_users_mean_their_tenant(
+    who: Identity, method: str, path: str, scope: str, tenant: str | None, forwarded: str
+) -> None:
+    from sidecar.policy.decide import normalize
+
+    t = normalize(parse_target(method, path), who)
+    assert (t.scope, t.tenant, t.upstream_target()) == (scope, tenant, forwarded)
+
+
 # -- the matrix through the sidecar ---------------------------------------------------
 
 
@@ -183,16 +238,26 @@ async def send(
         return resp.status, await resp.read()
 
 
-def sidecar_config(tmp: Path, **extra: Any) -> dict[str, Any]:
-    return {"identity.tokenFile": str(write_tokens(tmp, TOKENS)), **extra}
+def sidecar_config(tmp: Path, mode: str = "enforce", **extra: Any) -> dict[str, Any]:
+    """The config overrides; in `mode` (tenant-dry-run: acme and beta in dry-run)."""
+    policies, keys = modes.under(mode, tmp, write_policy(tmp), ("acme", "beta"))
+    return {
+        "identity.tokenFile": str(write_tokens(tmp, TOKENS)),
+        "policies": str(policies),
+        **keys,
+        **extra,
+    }
 
 
+@pytest.mark.parametrize("mode", modes.MODES)
 async def test_cross_tenant_matrix(
     tmp_path: Path,
     recording_upstream: RecordingUpstream,
     inprocess_sidecar: InProcessSidecar,
+    mode: str,
 ) -> None:
-    async with inprocess_sidecar(recording_upstream.url, sidecar_config(tmp_path)) as url:
+    config = sidecar_config(tmp_path, mode)
+    async with inprocess_sidecar(recording_upstream.url, config) as url:
         async with aiohttp.ClientSession() as http:
             for owner, intruder in (("acme", "beta"), ("beta", "acme")):
                 expected = tenant_not_found(owner).body()
@@ -220,12 +285,15 @@ async def test_cross_tenant_matrix(
                     assert recording_upstream.forwarded[-1].one("X-Remote-Tenant") == owner
 
 
+@pytest.mark.parametrize("mode", modes.MODES)
 async def test_cluster_level_targets(
     tmp_path: Path,
     recording_upstream: RecordingUpstream,
     inprocess_sidecar: InProcessSidecar,
+    mode: str,
 ) -> None:
-    async with inprocess_sidecar(recording_upstream.url, sidecar_config(tmp_path)) as url:
+    config = sidecar_config(tmp_path, mode)
+    async with inprocess_sidecar(recording_upstream.url, config) as url:
         async with aiohttp.ClientSession() as http:
             for method, path, resource, name in CLUSTER_LEVEL:
                 before = len(recording_upstream.forwarded)
@@ -244,12 +312,14 @@ async def test_cluster_level_targets(
                 assert len(recording_upstream.forwarded) == before + 1
 
 
+@pytest.mark.parametrize("mode", modes.MODES)
 async def test_concealment_off_gives_403(
     tmp_path: Path,
     recording_upstream: RecordingUpstream,
     inprocess_sidecar: InProcessSidecar,
+    mode: str,
 ) -> None:
-    config = sidecar_config(tmp_path, concealOtherTenants=False)
+    config = sidecar_config(tmp_path, mode, concealOtherTenants=False)
     async with inprocess_sidecar(recording_upstream.url, config) as url:
         async with aiohttp.ClientSession() as http:
             for path in (
@@ -330,9 +400,12 @@ class Client:
             return resp.status, await resp.read()
 
 
-@pytest.fixture
-async def client(tmp_path: Path, store: processes.Proc) -> AsyncIterator[Client]:
-    async with running_sidecar(tmp_path, store.url, sidecar_config(tmp_path)) as url:
+@pytest.fixture(params=modes.MODES)
+async def client(
+    tmp_path: Path, store: processes.Proc, request: pytest.FixtureRequest
+) -> AsyncIterator[Client]:
+    config = sidecar_config(tmp_path, request.param)
+    async with running_sidecar(tmp_path, store.url, config) as url:
         async with aiohttp.ClientSession() as http:
             call = Client(http, url)
             for tenant in ("acme", "beta"):

@@ -27,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from sidecar.metrics import Metrics
-from tests.rigs import processes
 from tests.rigs.stack import ADMIN, ALICE, running_env
 
 REQUESTS = "sidecar_requests_total"
@@ -80,15 +79,10 @@ async def one_request(url: str) -> None:
 async def test_metrics_cover_all_workers(tmp_path: Path) -> None:
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    scrape_port = processes.free_port()
-    scrape_url = f"http://127.0.0.1:{scrape_port}"
     async with running_env(
-        tmp_path,
-        limit=5,
-        env={"TMPDIR": str(tmpdir)},
-        workers=2,
-        metricsListen=f"127.0.0.1:{scrape_port}",
+        tmp_path, limit=5, env={"TMPDIR": str(tmpdir)}, workers=2, metrics=True
     ) as env:
+        scrape_url = f"http://127.0.0.1:{env.sidecar.extra['metrics_port']}"
         assert list(tmpdir.glob("sidecar-metrics-*")), "no per-run metrics directory"
         before = requests_in(await scrape(scrape_url))
         assert before == 0

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import urllib3
 
-from tests.rigs import paths, processes
+from tests.rigs import modes, paths, processes
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -280,3 +280,64 @@ def test_cluster_admin_reviews_are_answered_not_forwarded(sidecar: Sidecar) -> N
     assert body["kind"] == "SelfSubjectAccessReview", body
     assert body["status"]["allowed"] is True
     assert "ClusterRoleBinding cluster-admins" in body["status"]["reason"]
+
+
+@pytest.fixture(scope="module")
+def dry_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    """The shipped policies with acme in dry-run (a TenantMode), beta enforced."""
+    tmp: Path = tmp_path_factory.mktemp("reviews-dry-run")
+    policies, keys = modes.under("tenant-dry-run", tmp, paths.ROOT / "policies")
+    store = processes.start_store(tmp)
+    proc = processes.start_sidecar(
+        tmp,
+        {
+            "upstream": store.url,
+            "policies": str(policies),
+            "identity": {"tokenFile": str(processes.write_tokens(tmp, TOKENS))},
+            "reload": {"enabled": False},
+            **keys,
+        },
+    )
+    try:
+        for tenant in ("acme", "beta"):
+            status, body = Sidecar(proc.url).call(
+                "admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}
+            )
+            assert status == 201, body
+        yield Sidecar(proc.url)
+    finally:
+        proc.stop()
+        store.stop()
+
+
+def test_reviews_name_the_dry_run_and_keep_the_policy_answer(dry_sidecar: Sidecar) -> None:
+    """Issue 22: a review says which mode is in force for its subject and what the live
+    request gets; `status.allowed` stays the policy's answer."""
+    status, body = dry_sidecar.call(
+        "dave", "POST", f"{AUTHZ}/{SSAR}", access("dev", "list", "secrets")
+    )
+    assert status == 201, body
+    assert body["status"]["allowed"] is False
+    assert body["status"]["denied"] is True
+    assert "(mode: dry-run (tenant acme): would deny, forwarded)" in body["status"]["reason"]
+    # ... and the live request is forwarded indeed.
+    assert dry_sidecar.call("dave", "GET", "/api/v1/namespaces/dev/secrets")[0] == 200
+    # Not relaxed: a node it does not own (404 in every mode), live and reviewed.
+    node = {"spec": {"resourceAttributes": {"verb": "patch", "resource": "nodes", "name": "n1"}}}
+    status, body = dry_sidecar.call("oscar", "POST", f"{AUTHZ}/{SSAR}", node)
+    assert body["status"]["allowed"] is False
+    assert "not found (HTTP 404), not relaxed: concealment" in body["status"]["reason"]
+    assert dry_sidecar.call("oscar", "GET", "/api/v1/nodes/n1")[0] == 404
+    # A SubjectAccessReview names the mode of its subject's tenant.
+    about_dave = {
+        "spec": {"user": "dave", "groups": ["developers"],
+                 "resourceAttributes": {"namespace": "dev", "verb": "delete", "resource": "secrets"}}
+    }  # fmt: skip
+    status, body = dry_sidecar.call("alice", "POST", f"{AUTHZ}/tenants/acme/{SAR}", about_dave)
+    assert status == 201, body
+    assert body["status"]["allowed"] is False
+    assert "mode: dry-run (tenant acme)" in body["status"]["reason"]
+    # beta is enforced: its reviews say nothing of a mode.
+    status, body = dry_sidecar.call("bob", "POST", f"{AUTHZ}/{SSAR}", access("dev", "list", "pods"))
+    assert body["status"]["allowed"] is False
+    assert "mode" not in body["status"]["reason"]

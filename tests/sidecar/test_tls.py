@@ -9,6 +9,8 @@ kubeconfig with a wrong CA is a TLS error, an expired JWT a 401 `Status`."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import logging
 import os
@@ -27,6 +29,8 @@ from typing import Any
 import jwt
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from sidecar.config import TlsConfig
 from sidecar.demo import Authority, kubeconfig
@@ -85,6 +89,41 @@ def tls(tmp_path: Path) -> Tls:
     return Tls(ca, volume, ssl.create_default_context(cafile=str(ca_file)), ca_file)
 
 
+def issue_at(
+    ca: Authority, serial: int, not_before: datetime.datetime, not_after: datetime.datetime
+) -> tuple[bytes, bytes]:
+    """A server certificate for 127.0.0.1 valid from `not_before` to `not_after`, and its
+    key (PEM): the demo CA's `issue` makes only certificates valid now."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca.name)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+DAY = datetime.timedelta(days=1)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 def sidecar_config(store: processes.Proc, tmp: Path, tls: Tls | None) -> dict[str, Any]:
     config: dict[str, Any] = {
         "upstream": store.url,
@@ -99,15 +138,10 @@ def sidecar_config(store: processes.Proc, tmp: Path, tls: Tls | None) -> dict[st
     return config
 
 
-def wait_https(proc: processes.Proc, trust: ssl.SSLContext, timeout: float = 20.0) -> None:
-    processes.wait_http(f"https://127.0.0.1:{proc.port}/healthz", proc, timeout, context=trust)
-
-
 @pytest.fixture
 def https_sidecar(store: processes.Proc, tmp_path: Path, tls: Tls) -> Iterator[processes.Proc]:
-    proc = processes.start_sidecar(tmp_path, sidecar_config(store, tmp_path, tls), wait=False)
+    proc = processes.start_sidecar(tmp_path, sidecar_config(store, tmp_path, tls), tls=tls.trust)
     try:
-        wait_https(proc, tls.trust)
         tenant = json.dumps({"metadata": {"name": "acme"}}).encode()
         request = urllib.request.Request(
             f"https://127.0.0.1:{proc.port}/api/v1/tenants",
@@ -213,6 +247,89 @@ def test_rotation_serves_the_new_certificate_and_a_broken_one_keeps_the_old(
     assert https_sidecar.proc.poll() is None
 
 
+def test_an_expired_or_not_yet_valid_certificate_is_refused_on_reload(
+    https_sidecar: processes.Proc, tls: Tls
+) -> None:
+    """DESIGN §4: a pair whose certificate is out of its validity is refused like a
+    broken pair: the last good one keeps serving, /readyz says why and when the serving
+    certificate expires (before: taken, every new handshake got an expired certificate,
+    and /readyz said ok)."""
+    port = https_sidecar.port
+    assert served(port, tls)[0] == 1001
+    serving_until = tls_check(port, tls.trust)[1]["detail"].rsplit("valid until ", 1)[1]
+
+    tls.volume.publish(*issue_at(tls.ca, 2001, now() - 3 * DAY, now() - DAY))
+    wait_for(lambda: tls_check(port, tls.trust)[1]["ok"] is False, "expired refused", https_sidecar)
+    status, check = tls_check(port, tls.trust)
+    assert status == 200
+    assert "tls.certFile: the certificate expired" in check["detail"], check
+    assert "serial 3e9" in check["detail"]  # 1001: the last good one, still serving
+    assert f"valid until {serving_until}" in check["detail"]
+    assert "/" not in check["detail"]
+    assert served(port, tls)[0] == 1001
+    assert get(port, "/api/v1/tenants", tls.trust, "t-admin")[0] == 200
+
+    tls.volume.publish(*issue_at(tls.ca, 2002, now() + DAY, now() + 3 * DAY))
+    wait_for(
+        lambda: "is not valid before" in tls_check(port, tls.trust)[1]["detail"],
+        "not yet valid refused",
+        https_sidecar,
+    )
+    assert served(port, tls)[0] == 1001
+    assert https_sidecar.log().count("TLS certificate reload refused") == 2
+
+    tls.volume.publish(*issue_at(tls.ca, 2003, now() - DAY, now() + DAY))
+    wait_for(lambda: served(port, tls)[0] == 2003, "rotation to 2003", https_sidecar)
+    wait_for(lambda: tls_check(port, tls.trust)[1]["ok"] is True, "ready again", https_sidecar)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.at = now()
+
+    def __call__(self) -> datetime.datetime:
+        return self.at
+
+
+def test_a_certificate_refused_as_not_yet_valid_comes_into_force_when_valid(tls: Tls) -> None:
+    """A clock a little behind the issuer's must not strand a fresh certificate until
+    the next rotation: the refused pair is tried again once its time has come."""
+    clock = FakeClock()
+    reloader = TlsReloader(
+        TlsConfig(cert_file=str(tls.volume.cert_file), key_file=str(tls.volume.key_file)),
+        clock=clock,
+    )
+    tls.volume.publish(
+        *issue_at(tls.ca, 3001, clock.at + datetime.timedelta(hours=1), clock.at + DAY)
+    )
+    assert reloader.check() is False
+    assert [reloader.check() for _ in range(3)] == [False, False, False]
+    assert reloader.current.serial == 1001
+    ok, detail = reloader.ready()
+    assert not ok
+    assert "is not valid before" in detail
+    clock.at += datetime.timedelta(hours=2)
+    assert reloader.check() is True
+    assert reloader.current.serial == 3001
+    assert reloader.ready()[0] is True
+
+
+def test_a_serving_certificate_that_expires_shows_in_readiness(tls: Tls) -> None:
+    clock = FakeClock()
+    reloader = TlsReloader(
+        TlsConfig(cert_file=str(tls.volume.cert_file), key_file=str(tls.volume.key_file)),
+        clock=clock,
+    )
+    ok, detail = reloader.ready()
+    assert ok
+    assert "valid until" in detail
+    clock.at += 30 * DAY  # the demo CA issues for 7 days
+    ok, detail = reloader.ready()
+    assert not ok
+    assert "serving certificate (serial 3e9) expired" in detail, detail
+    assert reloader.current.serial == 1001  # nothing better to serve
+
+
 def test_each_change_is_loaded_or_logged_once(tls: Tls, caplog: pytest.LogCaptureFixture) -> None:
     """The poll step itself: nothing changed is nothing done; a broken pair is refused
     and logged once however often it is polled; the next good pair comes into force."""
@@ -237,12 +354,10 @@ def test_each_change_is_loaded_or_logged_once(tls: Tls, caplog: pytest.LogCaptur
 
 
 def test_metrics_listen_stays_plain_http(store: processes.Proc, tmp_path: Path, tls: Tls) -> None:
-    metrics_port = processes.free_port()
     config = sidecar_config(store, tmp_path, tls)
-    config["metricsListen"] = f"127.0.0.1:{metrics_port}"
-    proc = processes.start_sidecar(tmp_path, config, wait=False)
+    proc = processes.start_sidecar(tmp_path, config, metrics=True, tls=tls.trust)
+    metrics_port = proc.extra["metrics_port"]
     try:
-        wait_https(proc, tls.trust)
         with urllib.request.urlopen(
             f"http://127.0.0.1:{metrics_port}/metrics", timeout=10
         ) as response:
@@ -255,9 +370,8 @@ def test_metrics_listen_stays_plain_http(store: processes.Proc, tmp_path: Path, 
 def test_a_stalled_handshake_is_dropped(store: processes.Proc, tmp_path: Path, tls: Tls) -> None:
     config = sidecar_config(store, tmp_path, tls)
     config["limits"] = {"headerTimeout": 1}
-    proc = processes.start_sidecar(tmp_path, config, wait=False)
+    proc = processes.start_sidecar(tmp_path, config, tls=tls.trust)
     try:
-        wait_https(proc, tls.trust)
         with socket.create_connection(("127.0.0.1", proc.port), timeout=30) as raw:
             started = time.monotonic()
             assert raw.recv(1) == b""  # closed by the sidecar, not by our timeout
@@ -290,6 +404,16 @@ def test_a_missing_or_bad_file_at_startup_is_one_line_naming_the_key(
     _, other_key = tls.ca.issue()
     mismatched = tmp_path / "other.key"
     mismatched.write_bytes(other_key)
+    expired_cert, expired_key = tmp_path / "expired.crt", tmp_path / "expired.key"
+    for path, pem in zip(
+        (expired_cert, expired_key), issue_at(tls.ca, 9, now() - 3 * DAY, now() - DAY), strict=True
+    ):
+        path.write_bytes(pem)
+    early_cert, early_key = tmp_path / "early.crt", tmp_path / "early.key"
+    for path, pem in zip(
+        (early_cert, early_key), issue_at(tls.ca, 10, now() + DAY, now() + 3 * DAY), strict=True
+    ):
+        path.write_bytes(pem)
     cases = [
         ({"certFile": str(tmp_path / "absent.crt"), "keyFile": key}, "tls.certFile"),
         ({"certFile": cert, "keyFile": str(tmp_path / "absent.key")}, "tls.keyFile"),
@@ -297,6 +421,8 @@ def test_a_missing_or_bad_file_at_startup_is_one_line_naming_the_key(
         ({"certFile": cert, "keyFile": str(garbage)}, "tls.keyFile"),
         ({"certFile": cert, "keyFile": str(mismatched)}, "tls.keyFile"),
         ({"certFile": cert}, "tls.keyFile"),
+        ({"certFile": str(expired_cert), "keyFile": str(expired_key)}, "tls.certFile"),
+        ({"certFile": str(early_cert), "keyFile": str(early_key)}, "tls.certFile"),
     ]
     for files, named in cases:
         result = _serve(tmp_path, {**config, "tls": files}, "--workers", str(workers))

@@ -3,11 +3,17 @@
 through the real in-process sidecar app in front of a small fake upstream must agree:
 allow → answered 2xx (forwarded, or answered by the sidecar's own API: reviews, quota,
 /metrics), filter → forwarded with the owner filter (a list's `?owner=`, a create's
-owner filled in), deny → 403, notfound → 404, neither of them forwarded.
+owner filled in), deny → 403, notfound → 404, neither of them forwarded. A case with
+`impersonate:` is sent with the `Impersonate-*` headers `kubectl --as` would send.
 
 The fake upstream answers the sidecar's own reads (owner lookups, tenant checks) with
 the case's `object` (404 when the case has none) and every forwarded request with
-200/201. The owner cache is off, so each case's object is read anew."""
+200/201. The owner cache is off, so each case's object is read anew.
+
+And again with the global mode `dry-run` (issue 22): a refusal the verdict says a mode
+may relax (`Verdict.relaxable`, what `policy explain` reports as `live: forwarded`) is
+forwarded, with the checked body when the verdict has one; every other refusal gets
+exactly its 403/404 and is not forwarded, as in enforce mode."""
 
 from __future__ import annotations
 
@@ -22,11 +28,15 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
 
 from sidecar.app import build_app
 from sidecar.config import load_config
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.explain import evaluate_case
+from sidecar.policy.decision import Verdict
+from sidecar.policy.explain import case_verdict, evaluate_case
+from sidecar.policy.impersonation import case_headers
+from sidecar.policy.modes import MODES, forwards, mode_for
 from sidecar.policy.testing import PolicyCase, parse_tests
 from tests.rigs import paths
 
@@ -103,11 +113,11 @@ def _answered_by_sidecar(path: str) -> bool:
     return path.startswith("/quota/") or path == "/metrics" or "accessreviews" in path
 
 
-@pytest.fixture(params=sorted(DIRS))
+@pytest.fixture(params=[(d, m) for d in sorted(DIRS) for m in MODES], ids="-".join)
 async def rig(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[str, PolicyBundle, list[PolicyCase], FakeUpstream, str]]:
-    name = request.param
+    name, mode = request.param
     bundle, cases = _cases(DIRS[name])
     identities = sorted({_identity(c) for c in cases})
     tokens = [
@@ -132,12 +142,13 @@ async def rig(
             "audit.path": str(tmp_path / "audit.log"),
             "reload.enabled": False,
             "cache.owners": 0,
+            "mode": mode,
         },
     )
     sidecar = TestServer(build_app(config), host="127.0.0.1")
     await sidecar.start_server()
     try:
-        yield f"http://127.0.0.1:{sidecar.port}", bundle, cases, fake, name
+        yield f"http://127.0.0.1:{sidecar.port}", bundle, cases, fake, mode
     finally:
         await sidecar.close()
         await upstream.close()
@@ -146,22 +157,34 @@ async def rig(
 async def test_every_policy_case_gets_the_same_answer_live(
     rig: tuple[str, PolicyBundle, list[PolicyCase], FakeUpstream, str],
 ) -> None:
-    url, bundle, cases, fake, _ = rig
+    url, bundle, cases, fake, global_mode = rig
     token_of = {ident: f"tok{i}" for i, ident in enumerate(sorted({_identity(c) for c in cases}))}
     mismatches: list[str] = []
     async with aiohttp.ClientSession() as http:
         for case in cases:
             actual, reason, _ = evaluate_case(bundle, case.as_mapping())
             assert actual == case.expect, f"{case.where}: policy test says {actual} ({reason})"
+            verdict = case_verdict(bundle, case.as_mapping())
+            mode = mode_for(global_mode, bundle.tenant_modes, case.tenant)
+            relaxed = not verdict.allowed and forwards(verdict, mode)
             method, path, body, ctype = _request(case)
             fake.obj, fake.forwarded = case.object, []
-            headers = {"Authorization": f"Bearer {token_of[_identity(case)]}"}
+            if relaxed and case.object is None:
+                # Past authorization the quota stage reads the object a relaxed update
+                # changes: let it exist (its owner decides nothing here).
+                fake.obj = {"metadata": {"name": "stored"}}
+            headers = CIMultiDict({"Authorization": f"Bearer {token_of[_identity(case)]}"})
+            if case.impersonate is not None:  # as kubectl --as sends it
+                headers.extend(case_headers(case.impersonate))
             data = None
             if body is not None:
                 data, headers["Content-Type"] = json.dumps(body).encode(), ctype
             async with http.request(method, url + path, data=data, headers=headers) as resp:
                 status, raw = resp.status, await resp.read()
-            problem = _check(case, path, status, raw, fake.forwarded)
+            if relaxed:
+                problem = _check_relaxed(case, verdict, path, status, raw, fake.forwarded)
+            else:
+                problem = _check(case, path, status, raw, fake.forwarded)
             if problem:
                 mismatches.append(f"{case.where} {case.name}: {problem}")
     assert mismatches == []
@@ -193,6 +216,36 @@ def _check(
         if case.method == "POST" and (fbody or {}).get("spec", {}).get("owner") != case.tenant:
             return f"a filtered create forwarded without the caller's owner: {fbody}"
     return ""
+
+
+def _check_relaxed(
+    case: PolicyCase,
+    verdict: Verdict,
+    path: str,
+    status: int,
+    raw: bytes,
+    forwarded: list[tuple[str, str, Any]],
+) -> str:
+    """A refusal the caller's mode relaxes: forwarded once, as the verdict asks."""
+    if _answered_by_sidecar(path):
+        return f"a relaxed refusal of the sidecar's own API: {status} {raw[:200]!r}"
+    if not 200 <= status < 300:
+        return f"relaxed ({verdict.outcome}) but answered {status} {raw[:200]!r}"
+    if len(forwarded) != 1:
+        return f"relaxed: expected one forwarded request, got {forwarded}"
+    if verdict.body is not None and forwarded[0][2] != verdict.body:
+        return f"relaxed write forwarded {forwarded[0][2]}, not the checked {verdict.body}"
+    return ""
+
+
+def test_relaxable_refusals_exist_in_both_directories() -> None:
+    """The dry-run runs above check both kinds of refusal: some relaxed, some held."""
+    for directory in DIRS.values():
+        bundle, cases = _cases(directory)
+        verdicts = [case_verdict(bundle, c.as_mapping()) for c in cases]
+        refused = [v for v in verdicts if not v.allowed]
+        assert any(v.relaxable for v in refused), directory
+        assert any(v.held for v in refused), directory
 
 
 def test_no_case_addresses_a_path_the_pipeline_never_decides() -> None:

@@ -1,5 +1,6 @@
 """deploy/kubernetes: the manifests build, the sidecar config in them loads, and the
-operational promises of deploy/README.md hold (grace periods, probes, state, Redis)."""
+operational promises of deploy/README.md hold (grace periods, probes, state, Redis);
+deploy/redis-sentinel: the Sentinel option builds and points the sidecars at it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import yaml
 
 from sidecar.config import load_config
+from sidecar.redis_client import parse_redis_url
 from tests.rigs import paths
 
 DEPLOY = paths.ROOT / "deploy" / "kubernetes"
@@ -117,3 +119,59 @@ def test_kustomize_builds(kubectl_binary: str) -> None:
     assert out.returncode == 0, out.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
     assert {"Deployment", "StatefulSet", "NetworkPolicy", "PodDisruptionBudget"} <= kinds
+
+
+SENTINEL_OVERLAY = paths.ROOT / "deploy" / "redis-sentinel"
+
+
+def test_the_sentinel_option_replaces_the_single_redis(kubectl_binary: str) -> None:
+    """`kubectl apply -k deploy/redis-sentinel`: three Redis pods with a sentinel each,
+    and every sidecar's ledger and global tier a `redis+sentinel://` URL naming those
+    sentinels and the master they watch (DESIGN §12), the password from the Secret."""
+    out = subprocess.run(
+        [kubectl_binary, "kustomize", str(SENTINEL_OVERLAY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("StatefulSet", "sidecar-redis") not in named  # the single Redis is gone
+    assert ("Service", "sidecar-redis") not in named
+    nodes = named[("StatefulSet", "sidecar-redis-node")]
+    replicas, service = nodes["spec"]["replicas"], nodes["spec"]["serviceName"]
+    assert replicas == 3
+    assert named[("Service", service)]["spec"]["clusterIP"] == "None"
+    sentinel = _container(nodes, "sentinel")
+    script = " ".join(sentinel["args"])
+    assert "sentinel monitor sidecar " in script
+    assert " 2\n" in script  # quorum: 2 of the 3 sentinels
+
+    sidecar = _container(named[("Deployment", "tenant-api")], "sidecar")
+    env = [e["name"] for e in sidecar["env"]]
+    values = {e["name"]: e.get("value", "") for e in sidecar["env"]}
+    for key in ("SIDECAR_LEDGER", "SIDECAR_RATE_LIMIT__GLOBAL"):
+        # the kubelet expands $(REDIS_PASSWORD) only when it is defined before
+        assert env.index("REDIS_PASSWORD") < env.index(key)
+        assert "$(REDIS_PASSWORD)@" in values[key]
+    expanded = {k: v.replace("$(REDIS_PASSWORD)", "pw") for k, v in values.items()}
+    config = load_config(env=expanded)
+    pods = [(f"{nodes['metadata']['name']}-{i}.{service}", 26379) for i in range(replicas)]
+    for url, db in ((config.ledger, 0), (config.rate_limit.global_, 1)):
+        assert url is not None
+        target = parse_redis_url(url)
+        assert (target.topology, list(target.nodes), target.service, target.db) == (
+            "sentinel",
+            pods,
+            "sidecar",
+            db,
+        )
+        assert target.options["password"] == "pw"
+    # The API pods may reach the sentinels.
+    ingress = named[("NetworkPolicy", "sidecar-redis-sentinel")]["spec"]["ingress"]
+    from_api = [
+        r for r in ingress if r["from"][0]["podSelector"]["matchLabels"] == {"app": "tenant-api"}
+    ]
+    assert [p["port"] for r in from_api for p in r["ports"]] == [26379]

@@ -136,6 +136,27 @@ def test_self_subject_access_review(api: dict[str, Any]) -> None:
     assert access_review(api["alice"], "create", "nodes", None).status.allowed is False
 
 
+def test_dynamic_client_finds_and_creates_a_self_subject_access_review(
+    api: dict[str, Any],
+) -> None:
+    """The dynamic client discovers before it calls: it must find the review kinds the
+    sidecar serves (DESIGN §10)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api["alice"])
+    ssar = dyn.resources.get(api_version="authorization.k8s.io/v1", kind="SelfSubjectAccessReview")
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": "list", "resource": "configmaps", "namespace": NS}},
+    }
+    answer = ssar.create(body=body)
+    assert answer.status.allowed is True
+    body["spec"]["resourceAttributes"]["resource"] = "nodes"
+    body["spec"]["resourceAttributes"].pop("namespace")
+    assert ssar.create(body=body).status.allowed is False
+
+
 def test_self_subject_rules_review(api: dict[str, Any]) -> None:
     review = client.V1SelfSubjectRulesReview(spec=client.V1SelfSubjectRulesReviewSpec(namespace=NS))
     answer = client.AuthorizationV1Api(api["vera"]).create_self_subject_rules_review(review)

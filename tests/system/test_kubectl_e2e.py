@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.rigs.cluster import NS, USERS, ClusterEnv, kubeconfig, make_ca
 
@@ -79,6 +80,16 @@ def test_discovery_lists_resources_with_short_names(kubectl: Kubectl) -> None:
     assert "cm" in rows["configmaps"], out
     assert "servers" in rows, out
     assert kubectl.names("alice", "cm") == set()  # a short name works, and ns1 is empty
+
+
+def test_discovery_of_the_groups_the_sidecar_serves(kubectl: Kubectl) -> None:
+    """DESIGN §10: authorization.k8s.io and authentication.k8s.io are the sidecar's own
+    groups; their discovery is answered by it and added to the upstream's /apis."""
+    out = kubectl.ok("alice", "api-resources", "--api-group=authorization.k8s.io", "--no-headers")
+    rows = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert {"selfsubjectaccessreviews", "selfsubjectrulesreviews", "subjectaccessreviews"} <= rows
+    out = kubectl.ok("alice", "api-resources", "--api-group=authentication.k8s.io", "--no-headers")
+    assert "selfsubjectreviews" in out, out
 
 
 def test_create_configmap_label_select_and_delete(kubectl: Kubectl, cluster: ClusterEnv) -> None:
@@ -224,6 +235,30 @@ def test_isolation_other_tenants_objects_stay_invisible(kubectl: Kubectl) -> Non
         kubectl.run("alice", "delete", "configmap", "secret-plans")
 
 
+def test_get_all_namespaces_means_the_callers_tenant(kubectl: Kubectl) -> None:
+    """DESIGN §3: a tenant user's `kubectl get -A` (a cluster-level list) lists every
+    namespace of its own tenant, never another tenant's; `auth can-i … -A` agrees;
+    a `system` caller keeps the all-tenants meaning."""
+    kubectl.ok("alice", "create", "configmap", "acme-wide", "--from-literal=x=y")
+    kubectl.ok("bob", "create", "configmap", "beta-wide", "--from-literal=x=y")
+    try:
+        alice = kubectl.run("alice", "get", "configmaps", "-A", "-o", "name")
+        assert alice.code == 0, alice
+        assert "configmap/acme-wide" in alice.out, alice
+        assert "beta-wide" not in alice.out, alice
+        bob = kubectl.run("bob", "get", "configmaps", "-A", "-o", "name")
+        assert bob.code == 0, bob
+        assert "configmap/beta-wide" in bob.out, bob
+        assert "acme-wide" not in bob.out, bob
+        assert can_i(kubectl, "alice", "list", "configmaps", "-A")[0] == 0
+        admin = kubectl.ok("admin", "get", "configmaps", "-A", "-o", "name")
+        assert "configmap/acme-wide" in admin, admin
+        assert "configmap/beta-wide" in admin, admin
+    finally:
+        kubectl.run("alice", "delete", "configmap", "acme-wide")
+        kubectl.run("bob", "delete", "configmap", "beta-wide")
+
+
 def test_wrong_ca_fails_the_handshake(kubectl: Kubectl, cluster: ClusterEnv) -> None:
     other_file = cluster.tmp / "other-ca.crt"
     other_file.write_bytes(make_ca("another CA").cert_pem)
@@ -244,3 +279,87 @@ def test_unknown_token_is_401(kubectl: Kubectl, cluster: ClusterEnv) -> None:
     assert result.code != 0
     # kubectl's words for a 401.
     assert "must be logged in" in result.err, result.err
+
+
+# -- impersonation (DESIGN §4) --------------------------------------------------------------
+
+AS_VERA = ("--as=vera", "--as-group=viewers")
+
+
+def test_impersonation_gives_exactly_the_impersonated_users_answers(kubectl: Kubectl) -> None:
+    """alice (acme's tenant admin) with `--as=vera --as-group=viewers` gets what vera's
+    own kubeconfig gets: reads yes, writes no, and `auth can-i` / `auth whoami` say so."""
+    kubectl.ok("alice", "create", "configmap", "seen-by-vera")
+    try:
+        assert kubectl.names("alice", "cm", *AS_VERA) == kubectl.names("vera", "cm")
+        assert "configmap/seen-by-vera" in kubectl.names("alice", "cm", *AS_VERA)
+        for verb in ("list", "delete", "create"):
+            assert can_i(kubectl, "alice", verb, "configmaps", *AS_VERA) == can_i(
+                kubectl, "vera", verb, "configmaps"
+            ), verb
+        assert can_i(kubectl, "alice", "delete", "configmaps", *AS_VERA) == (1, "no")
+        assert can_i(kubectl, "alice", "delete", "configmaps") == (0, "yes")
+        refused = kubectl.run("alice", "delete", "configmap", "seen-by-vera", *AS_VERA)
+        assert refused.code != 0, refused
+        assert "Forbidden" in refused.err, refused.err
+        assert 'User "vera" of tenant "acme"' in refused.err, refused.err
+        assert "configmap/seen-by-vera" in kubectl.names("alice", "cm")
+        who = json.loads(kubectl.ok("alice", "auth", "whoami", "-o", "json", *AS_VERA))
+        info = who["status"]["userInfo"]
+        assert info["username"] == "vera"
+        assert "viewers" in info["groups"]
+        assert "tenant-admins" not in info["groups"]
+        assert info["extra"]["tenant"] == ["acme"]
+    finally:
+        kubectl.run("alice", "delete", "configmap", "seen-by-vera")
+
+
+def test_a_reader_cannot_impersonate(kubectl: Kubectl) -> None:
+    result = kubectl.run("vera", "get", "cm", "--as=admin")
+    assert result.code != 0, result
+    assert 'users "admin" is forbidden: User "vera" of tenant "acme" cannot impersonate' in (
+        result.err
+    ), result.err
+    assert can_i(kubectl, "vera", "get", "configmaps", "--as=admin")[0] != 0
+
+
+def impersonating_kubeconfig(
+    cluster: ClusterEnv, user: str, name: str, as_user: str, groups: list[str], tenant: str
+) -> Path:
+    """`user`'s kubeconfig acting as `as_user` of `tenant` (kubeconfig `as`, `as-groups`,
+    `as-user-extra`: kubectl has no flag for an extra)."""
+    token = USERS[user][0]
+    config = yaml.safe_load(kubeconfig(cluster.url, cluster.ca_file, user, token, NS))
+    config["users"][0]["user"].update(
+        {"as": as_user, "as-groups": groups, "as-user-extra": {"tenant": [tenant]}}
+    )
+    path = cluster.tmp / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_cluster_admin_acts_as_a_tenant_user(kubectl: Kubectl, cluster: ClusterEnv) -> None:
+    """A kubeconfig with `as-user-extra: {tenant: [acme]}`: the admin is alice of acme,
+    and a short namespace path is acme's ns1, not the default tenant's."""
+    config = impersonating_kubeconfig(
+        cluster, "admin", "admin-as-alice.kubeconfig", "alice", ["tenant-admins"], "acme"
+    )
+    made = kubectl.run("admin", "create", "configmap", "made-by-admin-as-alice", kubeconfig=config)
+    assert made.code == 0, made.err
+    try:
+        assert "configmap/made-by-admin-as-alice" in kubectl.names("alice", "cm")
+        who = kubectl.run("admin", "auth", "whoami", "-o", "json", kubeconfig=config)
+        assert json.loads(who.out)["status"]["userInfo"]["username"] == "alice", who.err
+    finally:
+        kubectl.run("alice", "delete", "configmap", "made-by-admin-as-alice")
+
+
+def test_a_tenant_admin_cannot_act_as_a_user_of_another_tenant(
+    kubectl: Kubectl, cluster: ClusterEnv
+) -> None:
+    config = impersonating_kubeconfig(
+        cluster, "bob", "bob-as-alice.kubeconfig", "alice", ["tenant-admins"], "acme"
+    )
+    result = kubectl.run("bob", "get", "cm", kubeconfig=config)
+    assert result.code != 0, result
+    assert 'users "alice" is forbidden: User "bob" of tenant "beta"' in result.err, result.err

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.paths import ROOT
+from tests.rigs.redis_topologies import RedisClusterRig
 
 _missing = [m for m in ("locust", "matplotlib") if importlib.util.find_spec(m) is None]
 if _missing:
@@ -37,6 +38,7 @@ SCENARIOS = {
     ],
     "quota-race": ["quota-race.csv", "quota-race.png"],
     "mix": ["mix_stats.csv", "mix-requests.png"],
+    "big-lists": ["big-lists.csv", "big-lists-requests.csv", "big-lists-latency.png"],
 }
 
 
@@ -170,3 +172,50 @@ def test_run_rejects_an_unknown_scenario(tmp_path: Path) -> None:
     done = _run(["loadtests/run.py", "nope", "--out", str(tmp_path)], timeout=30)
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
+
+
+@pytest.mark.slow
+def test_quota_race_runs_on_a_redis_cluster(tmp_path: Path, redis_cluster: RedisClusterRig) -> None:
+    out = tmp_path / "out"
+    done = _run(
+        [
+            "loadtests/run.py",
+            "quota-race",
+            "--ledger",
+            redis_cluster.url,
+            "--scale",
+            "0.1",
+            "--out",
+            str(out),
+        ],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out / "quota-race.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["backend"], r["pass"]) for r in rows] == [("redis+cluster", "True")] * 2
+    _assert_all_stopped(out)
+    for node in redis_cluster.nodes:  # the run's ledger keys are gone from every master
+        client = node.client()
+        try:
+            assert list(client.scan_iter(match="sidecar:quota:{race*")) == []
+        finally:
+            client.close()
+
+
+def test_quota_race_refuses_a_malformed_ledger_url(tmp_path: Path) -> None:
+    done = _run(
+        [
+            "loadtests/run.py",
+            "quota-race",
+            "--ledger",
+            "redis+sentinel://:pw-x9@h:26379",
+            "--out",
+            str(tmp_path),
+        ],
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "--ledger" in done.stderr
+    assert "SERVICE" in done.stderr
+    assert "pw-x9" not in done.stderr + done.stdout

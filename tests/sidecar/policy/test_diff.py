@@ -268,6 +268,39 @@ def test_rate_limit_and_quota_changes(tmp_path: Path) -> None:
     assert "quota of tenant acme: servers 10 → 12" in r.stdout
 
 
+def test_a_tenant_mode_is_a_change(repo: Path) -> None:
+    """Issue 22: a pull request adding `TenantMode acme dry-run` printed "no change of
+    effective access" and exited 0. A mode change is a change of behaviour."""
+    (repo / "policies" / "modes.yaml").write_text(
+        "kind: TenantMode\nmetadata: {name: acme}\nspec: {tenant: acme, mode: dry-run}\n"
+    )
+    r = _run("diff", "git:HEAD:policies", "policies", cwd=repo)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no change" not in r.stdout.lower()
+    assert "~ mode of tenant acme: the global mode (config `mode`) → dry-run" in r.stdout
+    out = json.loads(_run("diff", "--json", "git:HEAD", "policies", cwd=repo).stdout)
+    assert out["changed"] is True
+    assert out["modes"] == [{"tenant": "acme", "old": None, "new": "dry-run"}]
+    md = _run("diff", "--markdown", "git:HEAD:policies", "policies", cwd=repo)
+    assert md.returncode == 1
+    assert "No change of effective access" not in md.stdout
+    assert "- mode of tenant acme: the global mode (config `mode`) → dry-run" in md.stdout
+    # dry-run → enforce, and back to the global mode, are changes too.
+    for side, mode in (("old", "dry-run"), ("policies", "enforce")):
+        (repo / side).mkdir(exist_ok=True)
+        (repo / side / "modes.yaml").write_text(
+            f"kind: TenantMode\nmetadata: {{name: acme}}\nspec: {{tenant: acme, mode: {mode}}}\n"
+        )
+    (repo / "old" / "rbac.yaml").write_text(SIMPLE)
+    r = _run("diff", "old", "policies", cwd=repo)
+    assert r.returncode == 1
+    assert "mode of tenant acme: dry-run → enforce" in r.stdout
+    r = _run("diff", "old", "git:HEAD:policies", cwd=repo)
+    assert "mode of tenant acme: dry-run → the global mode (config `mode`)" in r.stdout
+    # The shipped tree against itself: no change, exit 0.
+    assert _run("diff", "policies", "policies", cwd=repo).returncode == 0
+
+
 @pytest.mark.parametrize(
     ("old", "needle"),
     [

@@ -4,6 +4,7 @@ ids, `policy compile` and `policy explain` output."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,25 @@ def test_decision_cache_is_bounded(bundle: PolicyBundle) -> None:
     assert len(cache) == 10
 
 
+def test_decision_cache_of_unknown_tenants_gives_the_collector_nothing_to_scan(
+    bundle: PolicyBundle,
+) -> None:
+    """A flood of made-up tenants fills the cache with denials: their keys are plain
+    strings (untracked by the garbage collector) and their values shared, so full
+    collections do not grow with the number of tenants cached."""
+    cache = DecisionCache(10_000)
+    for i in range(2_000):
+        tenant = f"made-up-{i}"
+        caller = who("mallory", tenant, "developers")
+        path = f"/api/v1/tenants/{tenant}/namespaces/dev/pods/x"
+        assert decide(bundle, caller, target("GET", path), cache=cache).outcome != "allow"
+    gc.collect()
+    entries = list(cache._lru.items())
+    assert len(entries) >= 2_000
+    assert [key for key, _ in entries if gc.is_tracked(key)] == []
+    assert len({id(value) for _, value in entries if gc.is_tracked(value)}) <= 1
+
+
 def test_tenant_caller_cannot_forge_cross_tenant_group(bundle: PolicyBundle) -> None:
     # A group name that looks like another subject key stays inside the caller's tenant.
     d = decide(
@@ -201,7 +221,16 @@ def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"target", "decision", "reason", "revision"}
+    assert set(out) == {
+        "target",
+        "decision",
+        "reason",
+        "revision",
+        "mode",
+        "modeSource",
+        "live",
+        "modeNote",
+    }
     assert set(out["target"]) == {
         "verb",
         "apiGroup",
@@ -216,6 +245,7 @@ def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "path",
     }
     assert out["decision"] == "allow"
+    assert (out["mode"], out["modeSource"], out["live"]) == ("enforce", "global", "forwarded")
     assert out["target"]["scope"] == "cluster"
     assert "owner rule" in out["reason"]
 

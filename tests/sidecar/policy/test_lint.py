@@ -106,3 +106,83 @@ def test_shipped_policies_pass_check_and_test() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert t.returncode == 0, t.stdout
+
+
+EVERY_TENANT = """\
+kind: ClusterRole
+metadata: {name: reader}
+rules:
+- {apiGroups: [""], resources: [configmaps, nodes], verbs: [get, list]}
+- {apiGroups: [authorization.k8s.io], resources: [selfsubjectaccessreviews], verbs: [create]}
+---
+kind: ClusterRole
+metadata: {name: discovery}
+rules:
+- {nonResourceURLs: [/version], verbs: [get]}
+- {apiGroups: [""], resources: [nodes], verbs: [get]}
+---
+kind: ClusterRoleBinding
+metadata: {name: everyone-reads}
+roleRef: {kind: ClusterRole, name: reader}
+subjects: [{kind: Group, name: "system:authenticated"}]
+---
+kind: ClusterRoleBinding
+metadata: {name: users-read}
+roleRef: {kind: ClusterRole, name: reader}
+subjects: [{kind: Group, name: users, tenant: acme}, {kind: Group, name: users, tenant: beta}]
+---
+kind: ClusterRoleBinding
+metadata: {name: acme-monitoring}
+roleRef: {kind: ClusterRole, name: reader}
+subjects: [{kind: Group, name: monitoring, tenant: acme}]
+---
+kind: ClusterRoleBinding
+metadata: {name: everyone-discovers}
+roleRef: {kind: ClusterRole, name: discovery}
+subjects: [{kind: Group, name: "system:authenticated"}]
+---
+kind: TenantRoleBinding
+metadata: {name: devs, tenant: acme}
+roleRef: {kind: ClusterRole, name: reader}
+subjects: [{kind: Group, name: "system:authenticated"}]
+---
+kind: TenantRoleBinding
+metadata: {name: devs, tenant: beta}
+roleRef: {kind: ClusterRole, name: reader}
+subjects: [{kind: Group, name: devs}]
+---
+kind: TenantMode
+metadata: {name: acme-trial}
+spec: {tenant: acme, mode: dry-run}
+---
+kind: TenantMode
+metadata: {name: beta}
+spec: {tenant: beta, mode: enforce}
+"""
+
+
+def test_grants_to_every_tenants_users_and_dry_run_modes_are_linted(tmp_path: Path) -> None:
+    """Issue 22: a ClusterRoleBinding of `system:authenticated` (or of a group every
+    tenant's users carry) to a role on resources inside tenants gives every tenant's
+    users that access in every other tenant; a TenantMode dry-run forwards a tenant's
+    refusals. Both are lint warnings: `check --strict` fails on them."""
+    (tmp_path / "p.yaml").write_text(EVERY_TENANT)
+    r = _check(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stderr.splitlines() if "WARNING" in line]
+    every = [line for line in lines if "in force in every tenant" in line]
+    assert len(every) == 2, lines
+    assert every[0].startswith(
+        f"{tmp_path / 'p.yaml'}:13: WARNING: ClusterRoleBinding everyone-reads"
+    )
+    assert "group 'system:authenticated' (every tenant's users)" in every[0]
+    assert "grants configmaps through" in every[0]  # not nodes, not the self review
+    assert "ClusterRoleBinding users-read" in every[1]
+    assert "group 'users' of every tenant (acme, beta)" in every[1]
+    modes = [line for line in lines if "TenantMode" in line]
+    assert modes == [
+        f"{tmp_path / 'p.yaml'}:45: WARNING: TenantMode acme-trial puts tenant 'acme' in "
+        "dry-run: its refusals inside tenant 'acme' (RBAC 403s, rate limits, quotas) are "
+        "logged and forwarded, not answered"
+    ]
+    assert _check(tmp_path, "--strict").returncode == 1

@@ -179,7 +179,16 @@ def test_explain_json_shape() -> None:
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert set(out) == {"target", "decision", "reason", "revision"}
+    assert set(out) == {
+        "target",
+        "decision",
+        "reason",
+        "revision",
+        "mode",
+        "modeSource",
+        "live",
+        "modeNote",
+    }
     assert set(out["target"]) == {
         "verb",
         "apiGroup",

@@ -1,4 +1,6 @@
-"""Ledger conformance: the same behaviour from the SQLite and the Redis backend."""
+"""Ledger conformance: the same behaviour from every backend (tests/rigs/ledgers.py
+BACKENDS): SQLite, one Redis server, a six-node Redis Cluster (every script on one
+slot) and a Sentinel-watched master."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from sidecar.quota.ledger import (
+    MAX_ANSWER_BYTES,
+    Answer,
     ClaimConflict,
+    ClaimReplay,
     Ledger,
     LedgerError,
     ObjectRef,
     QuotaExceeded,
+    Reservation,
     idempotency_claim,
     new_reservation_id,
     object_claim,
@@ -372,3 +378,110 @@ async def test_sqlite_file_faults_fail_closed_without_paths(tmp_path: Path) -> N
         assert (await led.usage("acme")).get_used("", "servers") == 1
     finally:
         await led.close()
+
+
+# -- outcomes settled, never assumed (DESIGN §7) ------------------------------------------
+
+
+async def test_a_release_that_arrives_before_its_reserve_undoes_it(
+    ledger: Ledger, fake_clock: FakeClock
+) -> None:
+    """A reserve whose answer was lost (the ledger stalled past the client's timeout) is
+    released by the sidecar; the reserve may reach the ledger only after that."""
+    late = rid()
+    await ledger.release(Reservation(late, "acme", "dev", {"servers": 1}))
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, late)
+    assert r.id == late
+    u = await ledger.usage("acme")
+    assert u.get_in_progress("", "servers") == 0
+    # The id is remembered only until it would have expired; nothing else is held.
+    assert await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    fake_clock.advance(ledger.ttl + 1)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
+    # Released twice, or after it was committed: no effect.
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid())
+    await ledger.commit(r, "kept", "servers")
+    await ledger.release(r)
+    await ledger.release(r)
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
+
+
+async def test_a_reserve_made_again_with_its_id_reserves_once(ledger: Ledger) -> None:
+    same = rid()
+    for _ in range(3):
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, same)
+    assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
+
+
+async def test_commit_records_the_charge_of_the_object_as_made(ledger: Ledger) -> None:
+    r = await ledger.reserve("acme", "dev", {"pods": 1, "requests.cpu": 100}, {}, {}, rid())
+    assert await ledger.commit(r, "p", "pods", {"pods": 1, "requests.cpu": 400}) is True
+    u = await ledger.usage("acme")
+    assert u.get_used("dev", "requests.cpu") == 400
+    assert u.get_in_progress("", "requests.cpu") == 0
+    assert await ledger.delete(ObjectRef("acme", "dev", "pods", "p")) == {
+        "pods": 1,
+        "requests.cpu": 400,
+    }
+    assert (await ledger.usage("acme")).get_used("", "requests.cpu") == 0
+
+
+async def test_a_committed_claim_replays_its_answer_whatever_the_quota(ledger: Ledger) -> None:
+    claim = idempotency_claim("acme", "k", "POST", "/servers", b'{"n":1}')
+    answer = Answer(201, "application/json", b'{"metadata":{"name":"web"}}')
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid(), claim)
+    await ledger.commit(r, "web", "servers", answer=answer)
+    for _ in range(2):  # full up, and again
+        with pytest.raises(ClaimReplay) as replay:
+            await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 1}, {}, rid(), claim)
+        assert replay.value.answer == answer
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
+    # Another body under the key is still a conflict, not a replay.
+    with pytest.raises(ClaimConflict):
+        await ledger.reserve(
+            "acme",
+            "dev",
+            {"servers": 1},
+            {"servers": 9},
+            {},
+            rid(),
+            idempotency_claim("acme", "k", "POST", "/servers", b'{"n":2}'),
+        )
+    # An answer too large to keep is not replayed: the retry is checked like any create.
+    big = idempotency_claim("acme", "big", "POST", "/servers", b"{}")
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), big)
+    await ledger.commit(
+        r, "big", "servers", answer=Answer(201, "application/json", b"x" * (MAX_ANSWER_BYTES + 1))
+    )
+    with pytest.raises(QuotaExceeded):
+        await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 2}, {}, rid(), big)
+
+
+async def test_unsettled_reservations_are_listed_until_settled(
+    ledger: Ledger, fake_clock: FakeClock
+) -> None:
+    made = ObjectRef("acme", "dev", "servers", "web")
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
+    assert await ledger.unsettled("acme") == []
+    await ledger.mark_unsettled(r, made)
+    [(listed, obj)] = await ledger.unsettled("acme")
+    assert (listed.id, listed.charge, obj) == (r.id, {"servers": 1}, made)
+    assert abs(listed.created - r.created) < 1
+    # Still counted while unsettled.
+    assert (await ledger.usage("acme")).get_in_progress("dev", "servers") == 1
+    await ledger.commit(listed, "web", "servers")
+    assert await ledger.unsettled("acme") == []
+    # Released, or expired: no longer listed; a mark on a settled one does nothing.
+    r2 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
+    await ledger.mark_unsettled(r2, ObjectRef("acme", "dev", "servers", "two"))
+    await ledger.release(r2)
+    await ledger.mark_unsettled(r2, ObjectRef("acme", "dev", "servers", "two"))
+    assert await ledger.unsettled("acme") == []
+    r3 = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
+    await ledger.mark_unsettled(r3, ObjectRef("acme", "dev", "servers", "three"))
+    fake_clock.advance(ledger.ttl + 1)
+    assert await ledger.unsettled("acme") == []
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)

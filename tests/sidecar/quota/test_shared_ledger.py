@@ -223,8 +223,7 @@ async def test_reconcile_after_random_kills_matches_the_store(
         quota["redisPrefix"] = prefix
     config = base_config(tmp_path, store.url, 1000, url, quota=quota)
     rng = random.Random(7)
-    port = processes.free_port()
-    sidecar = processes.start_sidecar(tmp_path, config, port=port)
+    sidecar = processes.start_sidecar(tmp_path, config)
     await make_tenant(http, sidecar.url)
     n = 0
     try:
@@ -245,7 +244,7 @@ async def test_reconcile_after_random_kills_matches_the_store(
             await asyncio.sleep(rng.uniform(0.0, 0.15))
             sidecar.kill()
             await asyncio.gather(*tasks)
-            sidecar = processes.start_sidecar(tmp_path, config, port=port)
+            sidecar = processes.start_sidecar(tmp_path, config)
         # Out-of-band drift too: an object created straight in the store, one deleted.
         async with http.post(
             f"{store.url}{SERVERS}", json={"metadata": {"name": "oob"}}, headers=STORE_HEADERS
@@ -292,3 +291,48 @@ def test_cli_update_and_defaults(tmp_path: Path) -> None:
     assert code == 0
     assert "acme" in out
     assert os.path.exists(tmp_path / "cli.db")
+
+
+async def test_reconcile_settles_creates_left_unsettled(
+    tmp_path: Path, store: processes.Proc, http: aiohttp.ClientSession
+) -> None:
+    """Reservations marked unsettled (a create cut at a shutdown, say) are read back by
+    `sidecar quota reconcile`: the one the store made is charged as stored, the other
+    released; both leave in_progress."""
+    from sidecar.quota.ledger import ObjectRef
+    from sidecar.quota.sqlite import SqliteLedger
+
+    async with http.post(
+        f"{store.url}/api/v1/tenants", json={"metadata": {"name": "acme"}}, headers=STORE_HEADERS
+    ) as r:
+        assert r.status == 201, await r.text()
+    made = {
+        "metadata": {"name": "made"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "300m"}}}]},
+    }
+    async with http.post(f"{store.url}{SERVERS}", json=made, headers=STORE_HEADERS) as r:
+        assert r.status == 201, await r.text()
+    db = tmp_path / "ledger.db"
+    ledger = SqliteLedger(str(db), 300)
+    try:
+        for name in ("made", "never"):
+            reservation = await ledger.reserve(
+                "acme", "default", {"servers": 1}, {}, {}, new_reservation_id()
+            )
+            await ledger.mark_unsettled(reservation, ObjectRef("acme", "default", "servers", name))
+        assert (await ledger.usage("acme")).get_in_progress("", "servers") == 2
+    finally:
+        await ledger.close()
+    config = base_config(tmp_path, store.url, 10, f"sqlite:///{db}")
+    cfg = processes.write_config(tmp_path, {**config, "listen": "127.0.0.1:1"}, "cli.yaml")
+    code, out = run_cli("reconcile", "--config", str(cfg), "--json")
+    assert code == 0, out
+    ledger = SqliteLedger(str(db), 300)
+    try:
+        usage = await ledger.usage("acme")
+        assert usage.get_in_progress("", "servers") == 0
+        assert usage.get_used("", "servers") == 1
+        assert usage.get_used("", "requests.cpu") == 300  # as stored
+        assert await ledger.unsettled("acme") == []
+    finally:
+        await ledger.close()

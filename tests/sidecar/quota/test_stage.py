@@ -18,6 +18,7 @@ from sidecar.app import build_app
 from sidecar.config import load_config
 from tests.rigs import processes
 from tests.rigs.policies import admin_policy
+from tests.rigs.waiting import eventually
 
 POLICY = admin_policy(
     'servers: 3, requests.cpu: "1", requests.memory: 1Gi',
@@ -32,13 +33,21 @@ SERVERS = "/apis/compute/v1/tenants/acme/namespaces/dev/servers"
 
 
 class Store:
-    """A stand-in backing store: creates answer 201 (or a chosen failure)."""
+    """A stand-in backing store: creates answer 201 with the object (or a chosen
+    failure), an object reads back by name, anything else answers 200."""
 
     def __init__(self) -> None:
         self.fail_status = 0
-        self.delay = 0.0
+        self.delay = 0.0  # how long a create's answer takes, once the object is made
         self.created: list[str] = []
+        self.objects: dict[str, dict[str, Any]] = {}
         self.tenants = {"acme", "beta"}
+        # What the store adds to a created object (as an API server's defaulting does).
+        self.defaults: dict[str, Any] = {}
+        # What an update or patch of a server makes of it (a dry run's answer too).
+        self.updated: dict[str, Any] | None = None
+        # (method, path with query, body, headers) of every request.
+        self.seen: list[tuple[str, str, bytes, dict[str, list[str]]]] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -53,15 +62,29 @@ class Store:
         return web.json_response({"kind": "Status", "code": 404}, status=404)
 
     async def any(self, request: web.Request) -> web.Response:
-        if self.delay:
-            await asyncio.sleep(self.delay)  # the behaviour under test: a slow store
+        headers: dict[str, list[str]] = {}
+        for key, value in request.headers.items():
+            headers.setdefault(key.lower(), []).append(value)
+        self.seen.append((request.method, request.raw_path, await request.read(), headers))
         if self.fail_status:
             return web.json_response({"kind": "Status"}, status=self.fail_status)
         if request.method == "POST":
             body = await request.json()
             name = body.get("metadata", {}).get("name") or f"gen{len(self.created)}"
+            body.setdefault("metadata", {})["name"] = name
+            body.update(self.defaults)
             self.created.append(name)
-            return web.json_response({"metadata": {"name": name}}, status=201)
+            self.objects[name] = body
+            if self.delay:
+                await asyncio.sleep(self.delay)  # the behaviour under test: a slow answer
+            return web.json_response(body, status=201)
+        if request.method == "GET" and request.path.rpartition("/")[0].endswith("/servers"):
+            obj = self.objects.get(request.path.rpartition("/")[2])
+            if obj is None:
+                return web.json_response({"kind": "Status", "code": 404}, status=404)
+            return web.json_response(obj)
+        if request.method in ("PUT", "PATCH") and self.updated is not None:
+            return web.json_response(self.updated)
         return web.json_response({"kind": "Status", "status": "Success"})
 
 
@@ -212,25 +235,69 @@ async def test_bad_requests_are_400_and_reserve_nothing(
     assert q["servers"]["used"] == 0
 
 
-@pytest.mark.parametrize("failure", [500, 409, "timeout"])
-async def test_upstream_failure_releases(
+async def settled_usage(http: aiohttp.ClientSession, server: TestServer) -> tuple[int, int]:
+    """(used, in_progress) of servers once nothing is in progress any more."""
+    seen: dict[str, Any] = {}
+
+    async def done() -> bool:
+        q = (await show(http, server))["servers"]
+        seen.update(q)
+        return bool(q["in_progress"] == 0)
+
+    await eventually(done, what="the outcome is settled")
+    return seen["used"], seen["in_progress"]
+
+
+async def test_a_4xx_releases_at_once(
+    sidecar: TestServer, http: aiohttp.ClientSession, store: tuple[Store, TestServer]
+) -> None:
+    store[0].fail_status = 409
+    status, _ = await create(http, sidecar, server_body("x"))
+    assert status == 409
+    q = await show(http, sidecar)
+    assert (q["servers"]["used"], q["servers"]["in_progress"]) == (0, 0)
+
+
+@pytest.mark.parametrize(("failure", "made"), [(500, False), ("timeout", True)])
+async def test_an_unseen_outcome_is_settled_against_the_store(
     sidecar: TestServer,
     http: aiohttp.ClientSession,
     store: tuple[Store, TestServer],
     failure: int | str,
+    made: bool,
 ) -> None:
+    """A 5xx or a timeout: still counted until the store says whether it made it."""
     if failure == "timeout":
-        store[0].delay = 1.5
+        store[0].delay = 1.5  # makes it, then answers after the sidecar gave up
         expected = 504
     else:
         store[0].fail_status = int(failure)
         expected = int(failure)
-    status, _ = await create(http, sidecar, server_body("x"))
+    status, _ = await create(http, sidecar, server_body("x", "250m"))
     assert status == expected
-    store[0].delay, store[0].fail_status = 0.0, 0
     q = await show(http, sidecar)
-    assert q["servers"]["in_progress"] == 0
-    assert q["servers"]["used"] == 0
+    assert q["servers"]["used"] + q["servers"]["in_progress"] == 1
+    store[0].delay, store[0].fail_status = 0.0, 0
+    assert ("x" in store[0].objects) == made
+    assert await settled_usage(http, sidecar) == ((1, 0) if made else (0, 0))
+    q = await show(http, sidecar)
+    assert q["requests.cpu"]["used"] == ("250m" if made else "0")
+
+
+async def test_the_charge_recorded_is_the_stored_objects(
+    sidecar: TestServer, http: aiohttp.ClientSession, store: tuple[Store, TestServer]
+) -> None:
+    """The store adds requests to what was sent (as defaulting does): that is charged."""
+    store[0].defaults = {
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "400m"}}}]}
+    }
+    status, body = await create(http, sidecar, server_body("d"))
+    assert status == 201, body
+    q = await show(http, sidecar)
+    assert q["requests.cpu"]["used"] == "400m"
+    async with http.delete(u(sidecar, SERVERS + "/d"), headers=ALICE) as r:
+        assert r.status == 200
+    assert (await show(http, sidecar))["requests.cpu"]["used"] == "0"
 
 
 async def test_upstream_refused_releases(tmp_path: Path, http: aiohttp.ClientSession) -> None:
@@ -244,6 +311,46 @@ async def test_upstream_refused_releases(tmp_path: Path, http: aiohttp.ClientSes
         assert q["servers"]["used"] == 0
     finally:
         await server.close()
+
+
+async def test_an_update_is_charged_as_the_upstreams_dry_run_answers(
+    sidecar: TestServer, http: aiohttp.ClientSession, store: tuple[Store, TestServer]
+) -> None:
+    """DESIGN §7: the same request goes first as a `dryRun=All`, with the same body,
+    Content-Type and identity headers; its answer is charged. The sidecar applies no
+    patch itself: whatever the patch says, the charge is the upstream's object's."""
+    assert (await create(http, sidecar, server_body("p", "100m")))[0] == 201
+    patch = b'{"spec": "whatever the upstream makes of it"}'
+    headers = {**ALICE, "Content-Type": "application/strategic-merge-patch+json"}
+    store[0].updated = server_body("p", "1500m")  # over the 1 cpu quota
+    store[0].seen.clear()
+    async with http.patch(u(sidecar, SERVERS + "/p"), data=patch, headers=headers) as r:
+        assert r.status == 403, await r.text()
+        assert (await r.json())["reason"] == "QuotaExceeded"
+    [(method, target, body, sent)] = store[0].seen  # the dry run only
+    assert (method, target, body) == ("PATCH", SERVERS + "/p?dryRun=All", patch)
+    assert sent["content-type"] == ["application/strategic-merge-patch+json"]
+    assert sent["x-remote-user"] == ["alice"]
+    assert sent["x-remote-tenant"] == ["acme"]
+    store[0].updated = server_body("p", "700m")
+    store[0].seen.clear()
+    async with http.patch(u(sidecar, SERVERS + "/p"), data=patch, headers=headers) as r:
+        assert r.status == 200, await r.text()
+    dry, real = store[0].seen
+    assert dry[1] == SERVERS + "/p?dryRun=All"
+    assert real[1] == SERVERS + "/p"
+    assert dry[2] == real[2] == patch
+    for name in ("content-type", "x-remote-user", "x-remote-tenant", "x-remote-group"):
+        assert dry[3].get(name) == real[3].get(name), name
+    assert (await show(http, sidecar))["requests.cpu"]["used"] == "700m"
+    # The upstream refuses the dry run: its answer, and nothing forwarded.
+    store[0].fail_status = 422
+    store[0].seen.clear()
+    async with http.patch(u(sidecar, SERVERS + "/p"), data=patch, headers=headers) as r:
+        assert r.status == 422
+    assert [m for m, *_ in store[0].seen] == ["PATCH"]
+    q = await show(http, sidecar)
+    assert (q["requests.cpu"]["used"], q["requests.cpu"]["in_progress"]) == ("700m", "0")
 
 
 async def test_delete_returns_charge_once(sidecar: TestServer, http: aiohttp.ClientSession) -> None:
@@ -331,7 +438,9 @@ async def test_dry_run_forwards_over_quota(
         await server.close()
 
 
-async def test_cancelled_request_releases(tmp_path: Path) -> None:
+async def test_a_request_cancelled_while_forwarded_stays_in_progress(tmp_path: Path) -> None:
+    """The client (or the shutdown) cancels a create while it is forwarded: whether the
+    store made it is unknown, so it stays counted and is marked for settling."""
     from aiohttp.test_utils import make_mocked_request
 
     from sidecar.context import Identity, RequestContext
@@ -339,14 +448,14 @@ async def test_cancelled_request_releases(tmp_path: Path) -> None:
     from sidecar.policy.bundle import load_bundle
     from sidecar.proxy import Upstream
     from sidecar.quota.gauges import QuotaGauges
-    from sidecar.quota.ledger import open_ledger
+    from sidecar.quota.ledger import ObjectRef, open_ledger
     from sidecar.quota.stage import QuotaStage
     from sidecar.target import parse_target
 
     (tmp_path / "policy.yaml").write_text(POLICY)
     bundle, problems = load_bundle([tmp_path])
     assert not problems
-    config = load_config(env={})
+    config = load_config(env={"SIDECAR_UPSTREAM": f"http://127.0.0.1:{processes.free_port()}"})
     metrics = Metrics()
     ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}", 300)
     gauges = QuotaGauges(ledger, metrics, lambda: bundle.quotas, 3600)
@@ -365,7 +474,16 @@ async def test_cancelled_request_releases(tmp_path: Path) -> None:
     try:
         with pytest.raises(asyncio.CancelledError):
             await stage(ctx, hang)
-        assert (await ledger.usage("acme")).get_in_progress("", "servers") == 0
+
+        async def marked() -> bool:
+            return bool(await ledger.unsettled("acme"))
+
+        await eventually(marked, what="the reservation is marked unsettled")
+        [(reservation, obj)] = await ledger.unsettled("acme")
+        assert obj == ObjectRef("acme", "dev", "servers", "c")
+        assert reservation.charge == {"servers": 1}
+        # The store cannot be reached: it stays in progress (never released blindly).
+        assert (await ledger.usage("acme")).get_in_progress("", "servers") == 1
     finally:
         await stage.stop()
         await ledger.close()

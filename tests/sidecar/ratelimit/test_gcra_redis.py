@@ -1,7 +1,9 @@
 """The global tier against the real Redis (127.0.0.1:6379), each test under its own
 key prefix: GCRA burst and rate, exact retry, all-or-nothing across keys, hash-tagged
 keys, two limiters sharing one limit, and failing open when Redis goes away (through
-a TCP forwarder this test owns; the shared Redis server is never stopped)."""
+a TCP forwarder this test owns; the shared Redis server is never stopped). The same
+buckets on the session's Redis Cluster and Sentinel set, and failing open when a
+cluster or the sentinels cannot be reached."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from sidecar.ratelimit.gcra_redis import GlobalTier
 from sidecar.ratelimit.stage import RateLimiter, TenantRateLimitStage
 from sidecar.target import parse_target
 from tests.rigs.forwarder import Forwarder
+from tests.rigs.ledgers import redis_url_for
+from tests.rigs.processes import free_port
 
 pytestmark = pytest.mark.redis
 
@@ -58,7 +62,9 @@ async def test_gcra_burst_then_refusal_with_retry(redis_url: str, redis_prefix: 
 async def test_all_or_nothing_across_keys(redis_url: str, redis_prefix: str) -> None:
     t = tier(redis_url, redis_prefix)
     try:
-        tenant, user = Rate(100.0, 5), Rate(0.1, 1)
+        # Rates slow enough that no token comes back while the test runs (GCRA uses
+        # the Redis server's clock: a loaded machine must not refill the bucket).
+        tenant, user = Rate(0.01, 5), Rate(0.1, 1)
         first = await t.acquire("acme", [("all", tenant), ("u:alice", user)])
         assert first is not None
         assert first.allowed
@@ -200,3 +206,46 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
         ) >= 3
     finally:
         await limiter.global_tier.close()
+
+
+@pytest.mark.parametrize("kind", ["redis-cluster", "redis-sentinel"])
+async def test_gcra_on_a_replicated_topology(
+    kind: str, request: pytest.FixtureRequest, topology_prefix: str
+) -> None:
+    """The same buckets on a Redis Cluster (the script's keys, all `{tenant}`, in one
+    slot) and on a Sentinel-watched master; readiness names the topology's state."""
+    url = redis_url_for(kind, request)
+    t = tier(url, topology_prefix)
+    try:
+        spec = Rate(0.5, 3)
+        for tenant in ("acme", "beta", "gamma"):  # on different masters of the cluster
+            got = [await t.acquire(tenant, [("all", spec), ("u:alice", spec)]) for _ in range(4)]
+            assert [v.allowed for v in got if v] == [True, True, True, False], tenant
+            refused = got[3]
+            assert refused is not None
+            assert refused.retry_after == 2
+        ok, state = await t.ping()
+        assert ok, state
+        if kind == "redis-cluster":
+            assert state == "3 masters ok"
+        else:
+            assert state.startswith("master 127.0.0.1:"), state
+        assert t.fail_open_count == 0
+    finally:
+        await t.close()
+
+
+@pytest.mark.parametrize("form", ["cluster", "sentinel"])
+async def test_an_unreachable_topology_fails_open_counted(form: str) -> None:
+    hosts = ",".join(f"127.0.0.1:{free_port()}" for _ in range(2))
+    url = f"redis+{form}://{hosts}" + ("/mymaster" if form == "sentinel" else "")
+    metrics = Metrics()
+    t = tier(url, "p:", metrics, timeout=0.5, log_interval=3600)
+    try:
+        assert await t.acquire("acme", [("all", Rate(1.0, 1))]) is None
+        assert metrics.registry.get_sample_value("sidecar_ratelimit_global_fail_open_total") == 1
+        ok, detail = await t.ping()
+        assert not ok
+        assert detail.endswith("failing open to the local tier"), detail
+    finally:
+        await t.close()

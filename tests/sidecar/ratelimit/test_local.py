@@ -1,10 +1,11 @@
-"""The local tier: token buckets with an injected clock (no sleeps), the LRU,
-reload without a free burst, exact Retry-After, and flat memory with 1M tenants."""
+"""The local tier: token buckets with an injected clock (no sleeps), the LRU and its
+eviction, reload without a free burst, exact Retry-After, a bucket store the garbage
+collector does not scan, and flat memory with 1M tenants (counted, not timed)."""
 
 from __future__ import annotations
 
 import gc
-import os
+import sys
 
 import pytest
 
@@ -178,43 +179,105 @@ def test_inflight_counts_and_forgets() -> None:
     assert inflight.counts == {}
 
 
-def rss_bytes() -> int:
-    """Resident set size of this process now (Linux /proc)."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE")
+def test_refusals_and_looks_store_no_bucket() -> None:
+    """A bucket not in the LRU is full: only taking a token stores one, so refusals
+    and header reads never grow the LRU."""
+    clock = FakeClock(1000.0)
+    limiter = LocalLimiter(100, clock)
+    spec = Rate(1.0, 1)
+    peeked = limiter.peek([("t", spec)])
+    assert peeked is not None
+    assert (peeked.remaining, peeked.reset) == (1, 0)
+    assert len(limiter.buckets) == 0
+    assert limiter.try_acquire([("t", spec)]) == Verdict(True, 1, 0, 1, window=1.0)
+    assert len(limiter.buckets) == 1
+    # Two buckets, one of them short: the refusal takes nothing and stores nothing.
+    refused = limiter.try_acquire([("u", Rate(5.0, 5)), ("t", spec)])
+    assert refused is not None
+    assert not refused.allowed
+    assert "u" not in limiter.buckets
 
 
-async def test_memory_flat_with_a_million_tenants() -> None:
-    """1,000,000 distinct tenants through a 20,000-bucket LRU: the process's resident
-    memory stays at the level reached once the LRU is full."""
+def test_evicting_a_full_bucket_changes_nothing() -> None:
+    """A one-bucket LRU (every other tenant's request evicts the bucket) answers
+    exactly as an LRU that keeps every bucket, as long as a bucket is full again by
+    the time it is evicted: the state DESIGN §6 relies on."""
+    spec = Rate(2.0, 3)
+    clocks = FakeClock(1000.0), FakeClock(1000.0)
+    small, large = LocalLimiter(1, clocks[0]), LocalLimiter(100, clocks[1])
+    answers: list[list[Verdict | None]] = [[], []]
+    for round_ in range(6):
+        for tenant in ("a", "b", "c"):
+            for limiter, clock, out in zip((small, large), clocks, answers, strict=True):
+                # A burst that empties the bucket (and is refused once) ...
+                out += [limiter.try_acquire([(tenant, spec)]) for _ in range(4)]
+                # ... then long enough for it to be full again.
+                clock.advance(1.5 + round_ * 0.1)
+    assert answers[0] == answers[1]
+    assert [v is not None and v.allowed for v in answers[0][:4]] == [True] * 3 + [False]
+    assert len(small.buckets) == 1
+
+
+def test_bucket_store_is_invisible_to_the_garbage_collector() -> None:
+    """What the LRU holds per bucket (key and state) is untracked by the cyclic
+    collector once it has looked at it, so full collections never scan the buckets,
+    however many (an object per bucket made each pause grow with the tenants)."""
+    clock = FakeClock(1000.0)
+    limiter = LocalLimiter(10_000, clock)
+    spec, users = Rate(5.0, 10), Rate(1.0, 2)
+    for i in range(1_000):
+        tenant = f"tenant-{i}"
+        limiter.try_acquire([((tenant, "all"), spec), ((tenant, f"u:user-{i}"), users)])
+    # A reload re-sizes a bucket: what it stores is plain numbers too.
+    limiter.try_acquire([(("tenant-0", "all"), Rate(3.0, 4))])
+    gc.collect()
+    assert len(limiter.buckets) == 2_000
+    for key in list(limiter.buckets):
+        state = limiter.buckets[key]
+        assert not gc.is_tracked(key), key
+        assert not gc.is_tracked(state), state
+
+
+def test_memory_flat_with_a_million_tenants() -> None:
+    """1,000,000 distinct tenants through a 20,000-bucket LRU: once the LRU is full,
+    neither the memory blocks allocated nor the objects the garbage collector tracks
+    grow. Counted, not timed: the same run gives the same counts on any machine, at
+    any load."""
     clock = FakeClock(1000.0)
     cap = 20_000
     limiter = LocalLimiter(cap, clock)
     spec = Rate(5.0, 10)
     inflight = InFlight()
 
-    async def tenants(start: int, stop: int) -> None:
+    def tenants(start: int, stop: int) -> None:
         for i in range(start, stop):
             key = f"tenant-{i}"
             inflight.enter(key)
-            await limiter.acquire([((key, "all"), spec)])
+            limiter.try_acquire([((key, "all"), spec)])
             inflight.leave(key)
             clock.advance(0.0001)
 
-    gc.collect()
-    base = rss_bytes()
-    await tenants(0, 2 * cap)
-    gc.collect()
-    full = rss_bytes() - base
-    await tenants(2 * cap, 1_000_000)
-    gc.collect()
-    after = rss_bytes() - base
+    def counts() -> tuple[int, int]:
+        gc.collect()
+        return sys.getallocatedblocks(), len(gc.get_objects())
+
+    blocks0, tracked0 = counts()
+    tenants(0, 2 * cap)
+    blocks_full, tracked_full = counts()
+    tenants(2 * cap, 1_000_000)
+    blocks_after, tracked_after = counts()
     assert len(limiter.buckets) == cap
     assert inflight.counts == {}
     print(
-        f"\nrate-limit memory (RSS growth): {full / 1e6:.1f} MB with the LRU full "
-        f"({cap} buckets), {after / 1e6:.1f} MB after 1,000,000 tenants"
+        f"\nrate-limit LRU of {cap} buckets: {blocks_full - blocks0} memory blocks and "
+        f"{tracked_full - tracked0} tracked objects when full, "
+        f"{blocks_after - blocks0} and {tracked_after - tracked0} after 1,000,000 tenants"
     )
-    assert full > 4_000_000  # the LRU's contents are visible in the measurement
-    assert after < 1.5 * full
+    # The blocks see the buckets (a key, its tenant name, a state and its clock reading
+    # each) ...
+    assert blocks_full - blocks0 >= 3 * cap
+    # ... and stay where a full LRU put them (a few blocks of slack for free lists).
+    assert blocks_after - blocks_full < 100
+    # No object per bucket for the collector to scan, then or after.
+    assert tracked_full - tracked0 < 100
+    assert tracked_after - tracked0 < 100

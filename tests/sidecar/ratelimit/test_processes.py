@@ -84,8 +84,8 @@ async def test_two_sidecars_share_one_global_limit(
 ) -> None:
     config = sidecar_config(tmp_path, store.url, redis_url, redis_prefix)
     # /metrics without credentials on its own address (alice's bucket is spent).
-    scrape = f"127.0.0.1:{processes.free_port()}"
-    a = processes.start_sidecar(tmp_path, {**config, "metricsListen": scrape}, name="a")
+    a = processes.start_sidecar(tmp_path, config, name="a", metrics=True)
+    scrape = f"127.0.0.1:{a.extra['metrics_port']}"
     b = processes.start_sidecar(tmp_path, config, name="b")
     try:
         async with aiohttp.ClientSession() as http:
@@ -112,8 +112,8 @@ async def test_redis_going_away_falls_back_to_local_tier(
     await proxy.start()
     config = sidecar_config(tmp_path, store.url, f"redis://127.0.0.1:{proxy.port}/0", redis_prefix)
     config["rateLimit"]["failOpenLogInterval"] = 3600
-    scrape = f"127.0.0.1:{processes.free_port()}"  # /metrics without credentials
-    sidecar = processes.start_sidecar(tmp_path, {**config, "metricsListen": scrape})
+    sidecar = processes.start_sidecar(tmp_path, config, metrics=True)
+    scrape = f"127.0.0.1:{sidecar.extra['metrics_port']}"  # /metrics without credentials
     try:
         async with aiohttp.ClientSession() as http:
             before, _ = await hammer(http, [sidecar.url], 0.5)

@@ -500,6 +500,20 @@ async def test_failed_authentications_spend_the_address_budget(
     assert (await client.get(PODS, headers=auth("alice"))).status == 200
 
 
+async def test_no_mode_relaxes_the_anonymous_limit(make_client: MakeClient) -> None:
+    """A dry-run relaxes refusals inside the caller's own tenant (DESIGN §5); an
+    unauthenticated client has no tenant, so its limit holds in dry-run too."""
+    rig = Rig(
+        policy("kind: RateLimit\nspec: {rate: 1000, burst: 1000}\n"),
+        {"mode": "dry-run", "rateLimit.anonymous.rate": 1, "rateLimit.anonymous.burst": 2},
+    )
+    client = await make_client(rig)
+    assert [(await client.get(PODS)).status for _ in range(3)] == [401, 401, 429]
+    assert [(await client.get(PODS, headers=auth("x"))).status for _ in range(2)] == [429, 429]
+    assert rig.count("_none", "anonymous", "limited") == 3
+    assert rig.count("_none", "anonymous", "would_limit") == 0
+
+
 async def test_anonymous_limit_off_with_rate_zero(make_client: MakeClient) -> None:
     rig = Rig(
         policy("kind: RateLimit\nspec: {rate: 1000, burst: 1000}\n"),
