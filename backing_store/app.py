@@ -697,7 +697,14 @@ class Service:
             return await baremetal.power(request, self.store, loc.name)
         if sub == "status" and not target.extra:
             return await self._status(request, loc)
-        raise StatusError(404, f"{loc.rt.plural} have no subresource {sub!r}")
+        # Details without a name, as the API server's 404 for a path it does not serve:
+        # clients tell "no such subresource" from "no such object" by that (kubectl
+        # debug reads `details.name` and panics on a Status without details).
+        raise StatusError(
+            404,
+            f"{loc.rt.plural} have no subresource {sub!r}",
+            details={"group": target.api_group, "kind": loc.rt.plural},
+        )
 
     async def _status(self, request: web.Request, loc: Loc) -> web.Response:
         """`…/{name}/status`: GET the object; PUT/PATCH change only its `status`."""

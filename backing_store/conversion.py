@@ -1,6 +1,11 @@
 """What the store does to an object of a given kind before storing it, as a Kubernetes
 API server's conversion does (DESIGN §10).
 
+Every kind: an empty `metadata.labels`, `annotations`, `finalizers` or `ownerReferences`
+is not kept, as the typed round trip of a Kubernetes API server drops it (`omitempty` on
+ObjectMeta). Kept, the `"annotations": {}` that `kubectl diff` and client-side
+`kubectl apply` patch in would show as a change where there is none.
+
 Secrets: `stringData` is write-only. Each of its keys is copied into `data`,
 base64-encoded (overwriting a key of the same name), and `stringData` itself is never
 stored or answered. `stringData` must be a map of strings and every `data` value a
@@ -15,9 +20,17 @@ from typing import Any
 
 from .errors import bad_request
 
+# ObjectMeta's collections, all `omitempty` in the Kubernetes API types.
+_OMIT_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")
+
 
 def convert(kind: str, obj: dict[str, Any]) -> None:
     """Convert `obj` (of `kind`) in place into what the store keeps."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        for key in _OMIT_EMPTY:
+            if meta.get(key) in ({}, []):
+                del meta[key]
     if kind == "Secret":
         _secret(obj)
 

@@ -9,6 +9,10 @@ locust's statistics and `--csv` files show each tenant's calls by name
 `compute/v1` servers in its tenant's namespace, at `LOADTEST_RATE` requests/s per
 user (default 2).
 
+HTTPS: `-H https://…`, and `LOADTEST_CA` names the CA file that signed the sidecar's
+certificate (`sidecar demo` writes its `ca.crt`); without it the system's CAs are
+trusted. locust's client does not read `REQUESTS_CA_BUNDLE`.
+
     LOADTEST_TOKENS=acme=dev-alice-acme locust -f loadtests/locustfile.py \
         --headless --users 20 --spawn-rate 20 --run-time 30s -H http://127.0.0.1:8443 \
         --csv out/mix
@@ -26,6 +30,8 @@ from typing import Any
 from locust import HttpUser, constant_throughput, task
 
 RATE = float(os.environ.get("LOADTEST_RATE", "2"))
+# The CA bundle that verifies an HTTPS sidecar's certificate (None: the system's CAs).
+CA_FILE = os.environ.get("LOADTEST_CA") or None
 _names = itertools.count()
 
 
@@ -53,6 +59,8 @@ class TenantUser(HttpUser):
     namespace = "dev"
 
     def on_start(self) -> None:
+        if CA_FILE is not None:
+            self.client.verify = CA_FILE
         self.client.headers["Authorization"] = f"Bearer {self.token}"
         self.base = f"/apis/compute/v1/tenants/{self.tenant}/namespaces/{self.namespace}/servers"
         self.mine: list[str] = []

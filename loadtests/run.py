@@ -1,6 +1,6 @@
 """Run one load scenario headless: `python loadtests/run.py SCENARIO [--seconds N] [--out DIR]`.
 
-Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists (see
+Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists, many-tenants (see
 loadtests/scenarios.py), or `all`. Everything the scenario starts runs on 127.0.0.1 and
 is stopped before the command returns. Exit status: 0 when the run completed (1 with
 `--check` when a target was missed), 2 on a usage error or a failed start.
@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         "default SQLite, then the Redis at LOADTEST_REDIS",
     )
     parser.add_argument(
+        "--tenants",
+        type=int,
+        default=None,
+        help="many-tenants: distinct tenants in all (default 1,000,000 x --scale)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 when a scenario misses its target"
     )
     args = parser.parse_args(argv)
@@ -81,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--factor must be positive")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.tenants is not None and args.tenants < 3000:
+        parser.error("--tenants must be at least 3000")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
@@ -89,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[name]
         try:
             opts = Options(
-                seconds, args.scale, args.workers, args.global_tier, args.factor, args.ledger
+                seconds,
+                args.scale,
+                args.workers,
+                args.global_tier,
+                args.factor,
+                args.ledger,
+                tenants=args.tenants,
             )
             text, ok = SCENARIOS[name](out, opts)
         except RuntimeError as exc:

@@ -1,5 +1,5 @@
-"""The load scenarios: `limits`, `noisy-neighbour`, `quota-race`, `mix` and `big-lists`
-(loadtests/big_lists.py).
+"""The load scenarios: `limits`, `noisy-neighbour`, `quota-race`, `mix`, `big-lists`
+(loadtests/big_lists.py) and `many-tenants` (loadtests/many_tenants.py).
 
 Each scenario starts what it needs through a `Stack` (backing store, sidecar(s) with
 a scenario policy and token file written into `OUT/work-SCENARIO/`), offers load,
@@ -38,6 +38,7 @@ from loadtests.loadgen import (
     open_loop_in_processes,
     send_one,
 )
+from loadtests.many_tenants import many_tenants
 from loadtests.report import percentile
 from loadtests.stack import (
     ROOT,
@@ -70,6 +71,8 @@ class Options:
     factor: float = 10.0
     # quota-race: the one ledger to race on (any URL form); None = SQLite, then Redis.
     ledger: str | None = None
+    # many-tenants: distinct tenants in all; None = 1,000,000 x scale.
+    tenants: int | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -778,6 +781,7 @@ SCENARIOS: dict[str, Callable[[Path, Options], tuple[str, bool]]] = {
     "quota-race": quota_race,
     "mix": mix,
     "big-lists": big_lists,
+    "many-tenants": many_tenants,
 }
 DEFAULT_SECONDS = {
     "limits": 20.0,
@@ -785,4 +789,5 @@ DEFAULT_SECONDS = {
     "quota-race": 10.0,
     "mix": 20.0,
     "big-lists": 20.0,
+    "many-tenants": 30.0,
 }

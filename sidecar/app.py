@@ -109,6 +109,7 @@ def build_app(config: Config) -> web.Application:
         OwnerLookup(config.cache.owners, config.cache.owner_ttl_seconds),
         upstream.get_json,
         conceal=config.conceal_other_tenants,
+        dry_run=upstream.dry_run,
     )
     impersonation = ImpersonationStage(
         config.mode, authorizer.cache, conceal=config.conceal_other_tenants
@@ -154,8 +155,10 @@ def build_app(config: Config) -> web.Application:
         MetricsStage(metrics),
         AuditStage(audit),
         ErrorStage(),
-        ParseStage(config.limits.max_header_bytes),
+        # Before the parse: an unauthenticated client's malformed targets are paid
+        # from its address's budget too (their refusals aggregate in the audit log).
         AnonymousRateLimitStage(limiter),
+        ParseStage(config.limits.max_header_bytes),
         identity,
         TenantRateLimitStage(limiter, config.limits.upstream_read_timeout),
         impersonation,

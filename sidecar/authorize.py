@@ -17,26 +17,62 @@ never forwarded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from sidecar.context import Identity, RequestContext
-from sidecar.errors import bad_request, unauthorized
+from sidecar.errors import StatusError, bad_request, unauthorized
 from sidecar.pipeline import Handler
 from sidecar.policy.decide import decide
 from sidecar.policy.decision import Verdict
 from sidecar.policy.engine import READ_VERBS, DecisionCache
 from sidecar.policy.modes import DRY_RUN, ENFORCE, forwards
-from sidecar.policy.owner import GetJson, OwnerLookup, list_filter, patch_kind
+from sidecar.policy.owner import (
+    APPLY,
+    RESULT,
+    UPSTREAM_APPLIES,
+    GetJson,
+    OwnerLookup,
+    list_filter,
+    patch_kind,
+)
 from sidecar.target import RequestTarget
 
 if TYPE_CHECKING:
     from sidecar.metrics import Metrics
 
 log = logging.getLogger("sidecar.authorize")
+
+
+class DryRunResult(Protocol):
+    """What `Upstream.dry_run` answers, as the authorizer reads it."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def object(self) -> Any: ...
+
+
+DryRun = Callable[[RequestContext], Awaitable[DryRunResult]]
+
+
+def _upstream_message(status: int, body: bytes) -> str:
+    """The message of the upstream's refusal of a dry run (a Status body), or a plain
+    one; never more than a line of it."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    if isinstance(message, str) and message:
+        return message[:500]
+    return f"the upstream refused this write ({status})"
 
 
 class Reviews(Protocol):
@@ -58,11 +94,13 @@ class Authorizer:
         get_json: GetJson,
         *,
         conceal: bool,
+        dry_run: DryRun | None = None,
     ) -> None:
         self.cache = cache
         self.owners = owners
         self.get_json = get_json
         self.conceal = conceal
+        self.dry_run = dry_run
 
     async def authorize(
         self,
@@ -91,14 +129,48 @@ class Authorizer:
             )
             obj = obj or {}
             v = decide(bundle, identity, target, obj, conceal=conceal, cache=cache)
+        patch = patch_kind(ctx.request.method, ctx.request.content_type)
+        # An apply of an object that does not exist creates it: `create` is decided too,
+        # as the Kubernetes API server does (a `patch` grant alone creates nothing).
+        stored: Any = obj or None
+        if patch == APPLY and v.target is not None and v.target.name and not v.target.subresource:
+            if stored is None:
+                stored = await self.owners.fetch(
+                    self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
+                )
+            if stored is None and (v.allowed or v.relaxable):
+                create = dataclasses.replace(target, verb="create")
+                created = decide(bundle, identity, create, conceal=conceal, cache=cache)
+                if not created.allowed:
+                    return created
         # A relaxable refusal's body is read only when the mode will relax it.
         if v.needs_body and read_body and (v.allowed or (v.relaxable and ctx.dry_run)):
-            doc = await ctx.read_json()
-            patch = patch_kind(ctx.request.method, ctx.request.content_type)
+            if patch in UPSTREAM_APPLIES:
+                # Strategic merge and server-side apply: only the upstream knows what
+                # the object becomes (DESIGN §7), so the owner rule reads its dry run,
+                # against the stored object (None: the write creates it).
+                doc = await self._would_become(ctx)
+                if stored is None and patch != APPLY and v.target is not None:
+                    stored = await self.owners.fetch(
+                        self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
+                    )
+                obj, patch = stored, RESULT
+            else:
+                doc = await ctx.read_json()
             v = decide(
                 bundle, identity, target, obj, doc, conceal=conceal, patch=patch, cache=cache
             )
         return v
+
+    async def _would_become(self, ctx: RequestContext) -> Any:
+        """The object the upstream's dry run of this write answers; its refusal (not
+        found, invalid, a conflict) is the answer to the request."""
+        if self.dry_run is None:
+            raise StatusError(415, "this patch type cannot be checked here; send a merge patch")
+        answer = await self.dry_run(ctx)
+        if not 200 <= answer.status < 300:
+            raise StatusError(answer.status, _upstream_message(answer.status, answer.body))
+        return answer.object
 
 
 class AuthorizeStage:

@@ -102,6 +102,11 @@ class QuotaConfig:
     redis_prefix: str = "sidecar:quota:"
     # How often the quota used/hard gauges on /metrics are refreshed from the ledger.
     gauge_interval_seconds: float = 5.0
+    # A write whose outcome the sidecar did not see is released on a 404 read-back only
+    # once this long has passed since its exchange ended (the upstream may still be
+    # acting on it; DESIGN §7). None: until the reservation expires (the TTL), which
+    # also bounds any value.
+    settle_after_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,12 @@ def _validate(config: Config) -> None:
                 f"config key {key!r} must not hold '{{' or '}}' (the tenant is the key's "
                 "hash tag, keeping a tenant's keys in one Redis Cluster slot)"
             )
+    settle_after = config.quota.settle_after_seconds
+    if settle_after is not None and not 0 <= settle_after <= config.quota.reservation_ttl_seconds:
+        raise ConfigError(
+            "config key 'quota.settleAfterSeconds' must be between 0 and "
+            "'quota.reservationTtlSeconds' (a reservation is dropped when it expires)"
+        )
     if config.metrics_listen is not None:
         mhost, msep, mport = config.metrics_listen.rpartition(":")
         if not msep or not mhost or not mport.isdigit() or not 0 < int(mport) < 65536:

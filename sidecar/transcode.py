@@ -3,13 +3,14 @@
 kubectl's typed commands send `application/vnd.kubernetes.protobuf` bodies and do not
 fall back to JSON on a 415. This stage runs right after the tenant rate limit (a
 rate-limited caller costs no decoding) and before every stage that reads a body: it
-decodes the body (`sidecar.kube_protobuf`; a large one in a worker process, so that the
-event loop is never held by a decode), checks that the object's kind belongs to the
-resource the request targets, and from then on the request *is* a JSON request: the
-JSON is `ctx.body` (what later stages read and the upstream receives) and the request
-seen by later stages carries `Content-Type: application/json` and the JSON's
-`Content-Length`. A body whose JSON could not fit in `limits.maxBodyBytes` is 413 before
-it is converted.
+decodes the body (`sidecar.kube_protobuf`: a costly one in a worker process, so that
+the event loop is never held by a decode, in the turn of the caller's tenant, so that
+one tenant's large bodies never hold up another's), checks that the object's kind
+belongs to the resource the request targets, and from then on the request *is* a JSON
+request: the JSON is `ctx.body` (what later stages read and the upstream receives)
+and the request seen by later stages carries `Content-Type: application/json` and the
+JSON's `Content-Length`. A body whose JSON could not fit in `limits.maxBodyBytes` is 413
+before it is converted.
 
 Refused, with nothing read further, stored or charged: a protobuf body of a kind the
 sidecar does not read (415 naming it), one with a field the sidecar does not know (415:
@@ -98,7 +99,7 @@ class TranscodeStage:
         check_method(request.method)
         body = await ctx.read_body()
         check_target(read_kind(body), ctx.target)  # before anything is converted
-        result = await transcode_request(body, ctx.max_body_bytes)
+        result = await transcode_request(body, ctx.max_body_bytes, caller_tenant(ctx))
         ctx.body = result.data
         if result.document is not None:
             ctx.parsed_body = result.document
@@ -107,6 +108,15 @@ class TranscodeStage:
         ctx.request = as_json_request(request, len(result.data))
         ctx.audit["transcode"] = result.kind
         return await call_next(ctx)
+
+
+def caller_tenant(ctx: RequestContext) -> str:
+    """Whose share of the protobuf workers a body uses: the tenant of the caller who
+    sent it (as the rate limit keys it), not one it impersonates."""
+    identity = ctx.identity
+    if identity is None:
+        return ""
+    return (identity.impersonated_by or identity).tenant
 
 
 def as_json_request(request: web.Request, length: int) -> web.Request:

@@ -8,7 +8,8 @@ package reads the kinds in `schema.KINDS`:
 - descriptors.py: the table as protobuf descriptors (decoding is the `protobuf`
   package's);
 - codec.py: envelope, size bound, unknown fields, conversion to Go's JSON;
-- offload.py: large bodies in a worker process, off the event loop.
+- offload.py: costly bodies in worker processes, off the event loop, fair between
+  tenants.
 """
 
 from sidecar.kube_protobuf.codec import (

@@ -77,8 +77,10 @@ def decide(
     `obj`: the stored object, for an item only owner rules could grant (None: missing
     or unknown, decided like an object the caller does not own). `body`: the parsed
     request body, for a write whose owner fields must be checked (`patch`: "" for a
-    whole object, "merge" or "json"); a body of the wrong JSON type raises a 400
-    `StatusError` (bad input, not a decision). `conceal`: `concealOtherTenants`."""
+    whole object, "merge" or "json"; `owner.RESULT` for the object a patch only the
+    upstream applies would make, from its dry run, with `obj` the stored one); a body
+    of the wrong JSON type raises a 400 `StatusError` (bad input, not a decision).
+    `conceal`: `concealOtherTenants`."""
     engine = bundle if isinstance(bundle, PolicyEngine) else bundle.engine
     target = normalize(target, identity)
     builtin = _builtin_grant(identity, target)
@@ -93,7 +95,7 @@ def decide(
     verdict = _decide(engine, cache, m, identity, target, obj, body, conceal, patch)
     if verdict.allowed:
         return verdict
-    return _mode_rule(engine, verdict, m, identity, target, body, patch)
+    return _mode_rule(engine, verdict, m, identity, target, body, patch, obj)
 
 
 def _decide(
@@ -129,7 +131,7 @@ def _decide(
         return _refused(rev, identity, target, conceal)
     if not verdict.allowed:
         return verdict
-    return _owner_constraints(engine, cache, verdict, m, identity, target, body, patch)
+    return _owner_constraints(engine, cache, verdict, m, identity, target, body, patch, obj)
 
 
 def normalize(target: RequestTarget, identity: Identity) -> RequestTarget:
@@ -268,6 +270,7 @@ def _owner_constraints(
     target: RequestTarget,
     body: Any,
     patch: PatchKind,
+    before: Any,
 ) -> Verdict:
     """An allowed request: what owner rules still ask of it. A list granted by owner
     rules only is filtered; the body of a write of an object that carries an owner
@@ -295,7 +298,7 @@ def _owner_constraints(
     if body is NO_BODY:
         return dataclasses.replace(verdict, owner=owner, needs_body=True)
     try:
-        checked = enforce_owner(body, identity.tenant, body_fields, target.verb, patch)
+        checked = enforce_owner(body, identity.tenant, body_fields, target.verb, patch, before)
     except StatusError as exc:
         if exc.code != 403:
             raise
@@ -321,6 +324,7 @@ def _mode_rule(
     target: RequestTarget,
     body: Any,
     patch: PatchKind,
+    before: Any,
 ) -> Verdict:
     """A refusal: whether a mode may relax it (`relaxable`), or why none does (`held`).
     The one place of this rule. A relaxable write that carries owner fields is relaxed
@@ -339,7 +343,9 @@ def _mode_rule(
     if body is NO_BODY:
         return dataclasses.replace(verdict, relaxable=True, owner=owner, needs_body=True)
     try:
-        checked = enforce_owner(body, identity.tenant, owner.body_fields, target.verb, patch)
+        checked = enforce_owner(
+            body, identity.tenant, owner.body_fields, target.verb, patch, before
+        )
     except StatusError as exc:
         if exc.code != 403:
             raise

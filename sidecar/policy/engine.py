@@ -190,6 +190,12 @@ class PolicyEngine:
         request unconditionally."""
         return self.match(identity, target, domains=("*",)).unconditional is not None
 
+    def bound_cluster_wide(self, subject_key: str) -> str:
+        """The name of a ClusterRoleBinding that names this subject (`user_key` /
+        `group_key`), or "" when none does."""
+        links = self._links.get(("*", subject_key))
+        return next(iter(links.values()), "") if links else ""
+
     def bound_roles(self, identity: Identity, domains: Sequence[str]) -> list[tuple[str, str, str]]:
         """(role key, binding label, domain) of every role bound to the caller in these
         domains (`*`, `{tenant}`, `{tenant}/{namespace}`), each role once."""

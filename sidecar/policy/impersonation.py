@@ -44,11 +44,13 @@ from sidecar.context import Identity, printable
 from sidecar.errors import StatusError, bad_request, forbidden_message
 from sidecar.policy.decide import AUTHENTICATION_GROUP, decide
 from sidecar.policy.decision import Verdict
+from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.rbac import group_key, user_key
 from sidecar.target import SYSTEM_TENANT, RequestTarget, Scope, is_dns1123_label
 
 if TYPE_CHECKING:
     from sidecar.policy.bundle import PolicyBundle
-    from sidecar.policy.engine import DecisionCache, PolicyEngine
+    from sidecar.policy.engine import DecisionCache
 
 VERB = "impersonate"
 # (API group, resource) of every attribute the verb is decided on.
@@ -265,13 +267,31 @@ def decide_impersonation(
     if caller.tenant != SYSTEM_TENANT and tenant != caller.tenant:
         why = f"a user of tenant {caller.tenant!r} can never become a user of another tenant"
         return _refused(caller, targets[0], why, why)
+    engine = bundle if isinstance(bundle, PolicyEngine) else bundle.engine
     grants: list[str] = []
     for target in targets:
         v = decide(bundle, caller, target, conceal=conceal, cache=cache)
         if v.outcome != "allow":
             return _refused(caller, target, v.reason)
+        # A subject a ClusterRoleBinding names holds grants across tenants: becoming it
+        # takes a cluster-wide grant, never a tenant's own (found by a hostile review:
+        # a tenant admin impersonated its tenant's group bound cluster-wide).
+        crb = _bound_cluster_wide(engine, tenant, target)
+        if crb and not engine.cluster_wide(caller, target):
+            why = (
+                f"{crb} names {target.resource[:-1]} {target.name!r}: "
+                "only a cluster-wide grant may impersonate it"
+            )
+            return _refused(caller, target, why, why)
         grants.append(f"{target.full_resource} {target.name!r}: {v.explanation}")
     return ImpersonationVerdict(True, "impersonation allowed: " + "; ".join(grants))
+
+
+def _bound_cluster_wide(engine: PolicyEngine, tenant: str, target: RequestTarget) -> str:
+    if target.api_group != "" or target.resource not in ("users", "groups"):
+        return ""
+    key = (user_key if target.resource == "users" else group_key)(tenant, target.name)
+    return engine.bound_cluster_wide(key)
 
 
 def _refused(

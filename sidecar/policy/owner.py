@@ -218,22 +218,54 @@ def list_filter(
     return OwnerListFilter(tenant, field, table, include)
 
 
-PatchKind = str  # "" (a whole object), "merge" or "json"
+# How a write's body says what the stored object becomes: "" (a whole object), "merge"
+# (RFC 7386) or "json" (RFC 6902), which the sidecar reads itself; "strategic" and
+# "apply" (server-side apply), which only the upstream applies, so the owner rule is
+# judged on the upstream's dry-run answer: `RESULT`, the object the write would make.
+PatchKind = str
+RESULT = "result"
+APPLY = "apply"
+UPSTREAM_APPLIES = frozenset({"strategic", APPLY})
 
 
 def patch_kind(method: str, content_type: str) -> PatchKind:
     """How a write's body says what the stored object becomes."""
     if method.upper() != "PATCH":
         return ""
+    if "strategic-merge-patch" in content_type:
+        return "strategic"
+    if "apply-patch" in content_type:
+        return APPLY
     return "json" if "json-patch" in content_type else "merge"
 
 
-def enforce_owner(doc: Any, tenant: str, fields: Sequence[str], verb: str, kind: PatchKind) -> Any:
+def enforce_owner(
+    doc: Any,
+    tenant: str,
+    fields: Sequence[str],
+    verb: str,
+    kind: PatchKind,
+    before: Any = None,
+) -> Any:
     """The owner rule for a write under a grant that is not cluster-wide (DESIGN §5):
     every owner field ends up the caller's tenant. A create or update with no owner
     (missing, null, "") gets `tenant`; a patch may leave the owner alone or set it to
     `tenant`; any other owner, or a shape that hides it, is 403. Returns a checked copy
-    of `doc` (the bytes to forward); 400 for a body of the wrong JSON type."""
+    of `doc` (the bytes to forward); 400 for a body of the wrong JSON type.
+
+    `kind` RESULT: `doc` is the object the write would make (the upstream's dry run)
+    and `before` the stored one (None: the write creates it); each owner field must be
+    the caller's tenant or what it was, and on a create the caller's tenant: the
+    sidecar cannot fill in a body it does not read. Returns None: the request's own
+    body is what goes upstream."""
+    if kind == RESULT:
+        if not isinstance(doc, dict):
+            raise StatusError(502, "the upstream's dry run did not answer with an object")
+        for field in fields:
+            _check_result(doc, before if isinstance(before, dict) else None, tenant, field)
+        return None
+    if kind in UPSTREAM_APPLIES:
+        raise AssertionError("a patch only the upstream applies is judged on its dry run")
     if kind == "json":
         if not isinstance(doc, list):
             raise StatusError(400, "a JSON patch must be a list of operations")
@@ -282,6 +314,37 @@ def _check_object(body: dict[str, Any], tenant: str, field: str, *, patch: bool,
             node = nxt
         node[parts[-1]] = tenant
         return
+    raise _foreign(field, tenant, value)
+
+
+def _check_result(
+    after: dict[str, Any], before: dict[str, Any] | None, tenant: str, field: str
+) -> None:
+    parts = field.split(".")
+    try:
+        value = _raw_at(after, parts)
+    except ValueError:
+        raise forbidden(
+            f"{field} would have the wrong shape: {'.'.join(parts[:-1])} must be an object"
+        ) from None
+    if value == tenant:
+        return
+    empty = (_MISSING, None, "")
+    if before is None:
+        if value in empty:
+            raise forbidden(
+                f"{field} must be set to your tenant {tenant!r} on an apply that creates "
+                "the object (the sidecar does not fill in a body it does not read)"
+            )
+        raise _foreign(field, tenant, value)
+    try:
+        old = _raw_at(before, parts)
+    except ValueError:
+        old = _MISSING
+    if value == old or (value in empty and old in empty):
+        return
+    if value in empty:
+        raise _cleared(field)
     raise _foreign(field, tenant, value)
 
 

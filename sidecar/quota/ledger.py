@@ -13,13 +13,17 @@ as a whole (namespace "") and for each namespace:
   committed create that holds an `Idempotency-Key` keeps the create's answer (`Answer`)
   until it expires, so a retry gets that answer replayed (`ClaimReplay`);
 - unsettled reservations: a pending create whose outcome the sidecar did not see is
-  marked with the object it would have made (`mark_unsettled`), so any sidecar process
-  can settle it against the store (`unsettled`; DESIGN §7).
+  marked with the object it would have made and the time from which a 404 on reading
+  it back may release it (`mark_unsettled`), so any sidecar process can settle it
+  against the store (`unsettled`; DESIGN §7).
 
 Every operation is idempotent by reservation id, so a call whose answer was lost (a
 ledger that stalled past the client's timeout) can be made again, and a release may
 arrive before the reserve it undoes: the released id is remembered until it would have
-expired, and a reserve with it does nothing.
+expired, and a reserve with it does nothing. A delete is idempotent by the object's
+identity: it returns the charge of the object recorded before the delete happened
+(`at`), once, so one made again after a lost answer never takes the charge of an
+object of the same name made since.
 
 Every operation is one atomic step in the backend (in SQLite a savepoint of a
 `BEGIN IMMEDIATE` transaction that may carry other operations queued with it, see
@@ -37,6 +41,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sidecar.ids import new_id
 from sidecar.quota.meters import Charge
@@ -167,6 +172,33 @@ class ObjectRef:
         return f"{self.namespace}|{self.resource}|{self.name}"
 
 
+class Unsettled(NamedTuple):
+    """A pending create marked by `mark_unsettled`: the object it would have made, and
+    the ledger time from which a 404 on reading that object back may release it (the
+    upstream may still be making it until then)."""
+
+    reservation: Reservation
+    obj: ObjectRef
+    release_after: float
+
+
+def encode_mark(obj: ObjectRef, release_after: float | None) -> str:
+    """What `mark_unsettled` stores (both backends): namespace, resource, name and the
+    release time (None: when the reservation expires)."""
+    mark: list[object] = [obj.namespace, obj.resource, obj.name]
+    if release_after is not None:
+        mark.append(release_after)
+    return json.dumps(mark)
+
+
+def decode_mark(r: Reservation, mark: str, expires: float) -> Unsettled:
+    """An `encode_mark` string back (one of an earlier version, without a release time:
+    released no earlier than when the reservation expires)."""
+    namespace, resource, name, *rest = json.loads(mark)
+    release_after = float(rest[0]) if rest else expires
+    return Unsettled(r, ObjectRef(r.tenant, namespace, resource, name), release_after)
+
+
 @dataclass
 class Usage:
     """One tenant's counters: scope ("" = the whole tenant, else a namespace) → resource
@@ -290,8 +322,10 @@ class Ledger(abc.ABC):
         """Drop the reservation from in_progress and record object `name` with `charge`
         (the object as the store made it; the reservation's charge when None) in used.
         A reservation holding a claim keeps `answer` for a replay. Idempotent per
-        object: returns False when the object was already recorded. Works (charges
-        used) even if the reservation expired or was released."""
+        object: returns False when the object was already recorded since the
+        reservation was made; a record from before then is of an earlier object of that
+        name whose delete the ledger has not recorded (yet), and is replaced. Works
+        (charges used) even if the reservation expired or was released."""
 
     @abc.abstractmethod
     async def release(self, reservation: Reservation) -> None:
@@ -300,23 +334,31 @@ class Ledger(abc.ABC):
         passed, so a reserve with it that arrives late does nothing."""
 
     @abc.abstractmethod
-    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+    async def mark_unsettled(
+        self, reservation: Reservation, obj: ObjectRef, release_after: float | None = None
+    ) -> None:
         """A pending create's outcome is unknown: remember the object it would have made,
-        so that any process can settle it (`unsettled`). It still counts as in progress.
-        A reservation that is no longer pending is left alone."""
+        and the ledger time from which a 404 on reading it back may release it (None:
+        when the reservation expires), so that any process can settle it (`unsettled`).
+        It still counts as in progress. A reservation no longer pending is left alone."""
 
     @abc.abstractmethod
-    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+    async def unsettled(self, tenant: str) -> list[Unsettled]:
         """The tenant's pending reservations marked by `mark_unsettled` (not expired)."""
 
     @abc.abstractmethod
-    async def delete(self, obj: ObjectRef) -> Charge | None:
-        """Return an object's recorded charge to the quota, once (None afterwards)."""
+    async def delete(self, obj: ObjectRef, at: float | None = None) -> Charge | None:
+        """The object was deleted at ledger time `at` (None: now): return its recorded
+        charge to the quota, once (None afterwards). A record made after `at` is of
+        another object of the same name, made since, and is left alone."""
 
     @abc.abstractmethod
-    async def delete_scope(self, tenant: str, namespace: str | None) -> int:
-        """A namespace (or a whole tenant, namespace=None) was deleted: return the
-        charges of all its objects. A tenant's API-set limits go with it."""
+    async def delete_scope(
+        self, tenant: str, namespace: str | None, at: float | None = None
+    ) -> int:
+        """A namespace (or a whole tenant, namespace=None) was deleted at ledger time
+        `at` (None: now): return the charges of all its objects recorded before then
+        (`used` is recounted from the objects left). Its API-set limits go with it."""
 
     @abc.abstractmethod
     async def usage(self, tenant: str) -> Usage:

@@ -27,12 +27,16 @@ release and delete act once per object or reservation). A release of an id not (
 reserved remembers it as released until it would have expired, so a reserve that
 timed out and reaches Redis after the sidecar released it does nothing (DESIGN §7).
 A committed create that holds an `Idempotency-Key` keeps its answer (`answer`) for a
-replay; a pending create whose outcome is unknown carries the object it would make
-(`settle`), for any process to settle it. The readiness check writes a heartbeat key
-under the prefix. While a master fails over,
-calls for its tenants fail (LedgerError: quota-tracked creates answer 503) until a
-replica has taken over. Replication is asynchronous: a write acknowledged just before
-the master died may be lost; reconcile restores `used` from the store.
+replay; a pending create whose outcome is unknown carries the object it would make and
+when a 404 may release it (`settle`), for any process to settle it. A delete is made at
+the time it happened (`at`): an object recorded after it stays; a commit replaces a
+record older than its reservation (an earlier object of that name). The readiness
+check writes a heartbeat key under the prefix.
+
+While a master fails over, calls for its tenants fail (LedgerError: quota-tracked
+creates answer 503) until a replica has taken over. Replication is asynchronous: a
+write acknowledged just before the master died may be lost; reconcile restores `used`
+from the store.
 
 Errors: LedgerError's public reason is "ledger unreachable" (or "ledger error"); the
 Redis message, redacted of any password, is for the log only.
@@ -64,7 +68,10 @@ from sidecar.quota.ledger import (
     QuotaExceeded,
     ReconcileResult,
     Reservation,
+    Unsettled,
     Usage,
+    decode_mark,
+    encode_mark,
     split_field,
 )
 from sidecar.quota.meters import Charge
@@ -238,7 +245,14 @@ if raw then
     end
   end
 end
-if redis.call('HEXISTS', KEYS[5], objkey) == 1 then return 0 end
+local old = redis.call('HGET', KEYS[5], objkey)
+if old then
+  local o = cjson.decode(old)
+  -- a record from before this reservation is of an earlier object of that name, whose
+  -- delete the ledger has not recorded (yet): this one replaces it
+  if (tonumber(o.at) or 0) >= tonumber(ARGV[8]) then return 0 end
+  apply(KEYS[1], o.ns, o.charge, -1)
+end
 redis.call('HSET', KEYS[5], objkey,
   cjson.encode({ns = ns, res = ARGV[6], charge = charge, at = now}))
 redis.call('ZREM', KEYS[7], objkey)
@@ -269,11 +283,16 @@ _DELETE = (
     + """
 local now = tonumber(ARGV[1])
 local objkey = ARGV[2]
-redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now - tonumber(ARGV[3]))
-redis.call('ZADD', KEYS[7], now, objkey)
+local at = tonumber(ARGV[4])
 local raw = redis.call('HGET', KEYS[5], objkey)
-if not raw then return false end
-local o = cjson.decode(raw)
+local o = raw and cjson.decode(raw)
+-- made after this delete: another object of the same name
+if o and (tonumber(o.at) or 0) > at then return false end
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now - tonumber(ARGV[3]))
+if (tonumber(redis.call('ZSCORE', KEYS[7], objkey)) or at) <= at then
+  redis.call('ZADD', KEYS[7], at, objkey)
+end
+if not o then return false end
 apply(KEYS[1], o.ns, o.charge, -1)
 redis.call('HDEL', KEYS[5], objkey)
 return cjson.encode(o.charge)
@@ -283,28 +302,34 @@ return cjson.encode(o.charge)
 _DELETE_SCOPE = (
     _COMMON
     + """
-local now = tonumber(ARGV[1])
 local all = ARGV[2] == '1'
 local ns = ARGV[3]
+local at = tonumber(ARGV[4])
 local n = 0
 local objs = redis.call('HGETALL', KEYS[5])
 for i = 1, #objs, 2 do
   local o = cjson.decode(objs[i + 1])
-  if all or o.ns == ns then
-    if not all then apply(KEYS[1], o.ns, o.charge, -1) end
+  -- one recorded after the delete (made since, in a scope made again) stays
+  if (all or o.ns == ns) and (tonumber(o.at) or 0) <= at then
     redis.call('HDEL', KEYS[5], objs[i])
-    redis.call('ZADD', KEYS[7], now, objs[i])
+    if (tonumber(redis.call('ZSCORE', KEYS[7], objs[i])) or at) <= at then
+      redis.call('ZADD', KEYS[7], at, objs[i])
+    end
     n = n + 1
   end
 end
+-- `used`, recounted from the objects left
+redis.call('DEL', KEYS[1])
+local left = redis.call('HVALS', KEYS[5])
+for _, raw in ipairs(left) do
+  local o = cjson.decode(raw)
+  apply(KEYS[1], o.ns, o.charge, 1)
+end
 if all then
-  redis.call('DEL', KEYS[1], KEYS[6])
+  redis.call('DEL', KEYS[6])
 else
-  for _, key in ipairs({KEYS[1], KEYS[6]}) do
-    local fields = redis.call('HKEYS', key)
-    for _, f in ipairs(fields) do
-      if string.sub(f, 1, #ns + 1) == ns .. '|' then redis.call('HDEL', key, f) end
-    end
+  for _, f in ipairs(redis.call('HKEYS', KEYS[6])) do
+    if string.sub(f, 1, #ns + 1) == ns .. '|' then redis.call('HDEL', KEYS[6], f) end
   end
 end
 return n
@@ -581,6 +606,7 @@ class RedisLedger(Ledger):
                 _enc(made),
                 resource,
                 answer.encode() if answer is not None else "",
+                repr(r.created),
             ],
         )
         return bool(result)
@@ -592,48 +618,53 @@ class RedisLedger(Ledger):
             [reservation.id, repr(self.clock() + self.ttl)],
         )
 
-    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+    async def mark_unsettled(
+        self, reservation: Reservation, obj: ObjectRef, release_after: float | None = None
+    ) -> None:
         await self._call(
             self._mark_unsettled,
             reservation.tenant,
-            [reservation.id, json.dumps([obj.namespace, obj.resource, obj.name])],
+            [reservation.id, encode_mark(obj, release_after)],
         )
 
-    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+    async def unsettled(self, tenant: str) -> list[Unsettled]:
         rows = await self._call(self._unsettled, tenant, [repr(self.clock())])
         out = []
         for rid, raw, expires in rows:
             r = json.loads(raw)
-            ns, resource, name = json.loads(r["settle"])
             created = float(expires) - self.ttl
-            out.append(
-                (
-                    Reservation(rid, tenant, r.get("ns", ""), _charge(r.get("charge")), created),
-                    ObjectRef(tenant, ns, resource, name),
-                )
+            reservation = Reservation(
+                rid, tenant, r.get("ns", ""), _charge(r.get("charge")), created
             )
+            out.append(decode_mark(reservation, r["settle"], float(expires)))
         return out
 
-    async def delete(self, obj: ObjectRef) -> Charge | None:
+    async def delete(self, obj: ObjectRef, at: float | None = None) -> Charge | None:
+        now = self.clock()
         raw = await self._call(
             self._delete,
             obj.tenant,
             [
-                repr(self.clock()),
+                repr(now),
                 obj.key,
                 repr(TOMBSTONE_SECONDS),
+                repr(now if at is None else at),
             ],
         )
         return _charge(json.loads(raw)) if raw else None
 
-    async def delete_scope(self, tenant: str, namespace: str | None) -> int:
+    async def delete_scope(
+        self, tenant: str, namespace: str | None, at: float | None = None
+    ) -> int:
+        now = self.clock()
         n = await self._call(
             self._delete_scope,
             tenant,
             [
-                repr(self.clock()),
+                repr(now),
                 "1" if namespace is None else "0",
                 namespace or "",
+                repr(now if at is None else at),
             ],
         )
         return int(n)

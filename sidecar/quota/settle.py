@@ -5,27 +5,35 @@ Owns three kinds of work that outlive the request that started them:
 
 - **Unknown outcomes of creates.** A create was forwarded but no complete answer came
   back (a timeout, a cut connection, a 5xx, the client or the sidecar going away): the
-  store may or may not have made the object. Its reservation stays in progress (it
-  still counts against the quota), is marked in the ledger with the object it would
-  have made (`Ledger.mark_unsettled`, so any sidecar process can finish it), and the
-  object is read from the store by name, again with backoff until the store answers:
-  found → committed with the charge of the object as stored (and that object kept as
-  the answer an `Idempotency-Key` retry gets); 404 → released. A create without a name
+  store may or may not have made the object, and may still be making it. Its
+  reservation stays in progress (it still counts against the quota), is marked in the
+  ledger with the object it would have made and the time from which a 404 may release
+  it (`Ledger.mark_unsettled`, so any sidecar process can finish it), and the object is
+  read from the store by name, again and again with backoff: found → committed at once
+  with the charge of the object as stored (and that object kept as the answer an
+  `Idempotency-Key` retry gets); 404 → released, but only once the settling window
+  (`quota.settleAfterSeconds` after the exchange ended; by default, and at the latest,
+  when the reservation expires) has passed: until then the upstream may still be
+  acting on the write, and a 404 proves nothing. A create without a name
   (`generateName`) cannot be read back: it is left in progress until its reservation
   expires, and the next reconcile counts what the store holds.
-- **Unknown outcomes of updates**: the same read; the object's charge as stored is
-  committed (404: the increase is released).
+- **Unknown outcomes of updates**: the same reads. The object as stored with the charge
+  the update would give it (the upstream's dry run) → that charge is committed at once;
+  in any other state (unchanged, changed otherwise, gone) the increase stays reserved,
+  and the object claimed, until the window has passed: then what is stored is
+  committed (404: released).
 - **Ledger calls whose answer was lost** (a Redis that stalled past the client's
   timeout, a ledger that failed): the call is made again with backoff until the ledger
-  answers. Every ledger operation is idempotent by reservation id, and a release
-  remembers an id it has not seen, so a reserve that timed out and ran when the ledger
-  resumed is undone rather than held until the TTL. A release is given up once the
-  reservation would have expired anyway; a commit is not (the object exists).
+  answers. Every ledger operation is idempotent (by reservation id; a delete by the
+  object and the time it was deleted), and a release remembers an id it has not seen,
+  so a reserve that timed out and ran when the ledger resumed is undone rather than
+  held until the TTL. A release is given up once the reservation would have expired
+  anyway; a commit or a delete is not (the object exists, or is gone).
 
 `sweep()` settles the reservations other processes marked and left (a sidecar stopped
-at its shutdown deadline with creates in flight): at start and every `SWEEP_SECONDS`.
-Two processes settling the same reservation is harmless: commit is once per object,
-release once per reservation.
+at its shutdown deadline with creates in flight), each keeping the release time it was
+marked with: at start and every `SWEEP_SECONDS`. Two processes settling the same
+reservation is harmless: commit is once per object, release once per reservation.
 
 At shutdown (`stop`), marks still being written get a moment, then everything is
 cancelled: what was not settled stays in progress in the ledger (marked, for the next
@@ -69,12 +77,19 @@ WARN_EVERY_SECONDS = 10.0
 
 class Settler:
     def __init__(
-        self, ledger: Ledger, fetch: Fetch, failed: Callable[[str], None] | None = None
+        self,
+        ledger: Ledger,
+        fetch: Fetch,
+        failed: Callable[[str], None] | None = None,
+        settle_after: float | None = None,
     ) -> None:
         self.ledger = ledger
         self.fetch = fetch
         # Told the operation's name on every failed ledger call (the metrics count them).
         self.failed = failed or (lambda _op: None)
+        # How long after an exchange ended a 404 on reading its object back may release
+        # it (None: when the reservation expires; `quota.settleAfterSeconds`).
+        self.settle_after = settle_after
         self._tasks: set[asyncio.Task[Any]] = set()
         self._marking: set[asyncio.Task[Any]] = set()
         self._settling: set[str] = set()  # reservation ids this process is settling
@@ -83,60 +98,92 @@ class Settler:
         self._dropped = 0
         self._warned = -WARN_EVERY_SECONDS
 
-    @property
-    def open(self) -> int:
-        """Settlements and ledger retries still running (for tests and the log)."""
-        return len(self._tasks)
-
     # -- unknown outcomes ------------------------------------------------------------
 
-    def settle_create(self, reservation: Reservation, obj: ObjectRef, mark: bool = True) -> None:
-        """The create of `obj` under `reservation` had no answer the sidecar saw."""
+    def release_after(self, reservation: Reservation) -> float:
+        """The ledger time from which a 404 may release `reservation`, whose exchange
+        ended now: the settling window from now, never later than its expiry."""
+        expiry = _expiry(self.ledger, reservation)
+        if self.settle_after is None:
+            # A reservation without an expiry (never recorded): one TTL from now.
+            return expiry if expiry is not None else self.ledger.clock() + self.ledger.ttl
+        ends = self.ledger.clock() + self.settle_after
+        return ends if expiry is None else min(ends, expiry)
+
+    def settle_create(
+        self,
+        reservation: Reservation,
+        obj: ObjectRef,
+        mark: bool = True,
+        release_after: float | None = None,
+    ) -> None:
+        """The create of `obj` under `reservation` had no answer the sidecar saw (its
+        exchange ended now, or, from a sweep, was marked to be released from
+        `release_after` on)."""
         if reservation.id in self._settling:
             return
-        self._spawn(self._settle(reservation, obj, mark, update=False), reservation.id)
-
-    def settle_update(self, reservation: Reservation, obj: ObjectRef) -> None:
-        """An update of `obj` (holding `reservation`: its claim and its increase) had no
-        answer the sidecar saw."""
-        self._spawn(self._settle(reservation, obj, False, update=True), reservation.id)
-
-    async def _settle(self, r: Reservation, obj: ObjectRef, mark: bool, update: bool) -> None:
-        if mark:
-            task = asyncio.current_task()
-            assert task is not None
+        after = self.release_after(reservation) if release_after is None else release_after
+        task = self._spawn(self._settle(reservation, obj, mark, after, None), reservation.id)
+        if mark and task is not None:
+            # Counted from now (not from when it first runs): a shutdown waits for it.
             self._marking.add(task)
+
+    def settle_update(self, reservation: Reservation, obj: ObjectRef, expected: Charge) -> None:
+        """An update of `obj` (holding `reservation`: its claim and its increase) that
+        would make its charge `expected` had no answer the sidecar saw."""
+        after = self.release_after(reservation)
+        self._spawn(self._settle(reservation, obj, False, after, expected), reservation.id)
+
+    async def _settle(
+        self,
+        r: Reservation,
+        obj: ObjectRef,
+        mark: bool,
+        release_after: float,
+        expected: Charge | None,
+    ) -> None:
+        """Read `obj` back until its outcome is told (see the module docstring);
+        `expected`: the charge an update would give it (None: a create)."""
+        if mark:
             try:
-                await self.ledger.mark_unsettled(r, obj)
+                await self.ledger.mark_unsettled(r, obj, release_after)
             except LedgerError as exc:  # settled all the same; only other processes miss it
                 self.failed("mark_unsettled")
                 log.warning("could not mark %s unsettled: %s", _named(obj), exc.detail)
             finally:
-                self._marking.discard(task)
+                task = asyncio.current_task()
+                if task is not None:
+                    self._marking.discard(task)
         delay = FIRST_RETRY_SECONDS
         while True:
+            # Taken before the read: only a read sent once the window has passed may
+            # release (a write may land while an earlier read is on its way).
+            window_passed = self.ledger.clock() >= release_after
             found = await read_back(self.fetch, obj)
-            if found is not None:
-                if found:
-                    charge = _stored_charge(obj.resource, found, r.charge)
-                    if update:
-                        await self.retry(
-                            partial(self.ledger.commit_change, r, obj, charge), "commit_change"
-                        )
-                    else:
-                        answer = _replay_of(found)
-                        await self.retry(
-                            partial(self.ledger.commit, r, obj.name, obj.resource, charge, answer),
-                            "commit",
-                        )
-                    log.info("settled %s: found in the store, charged", _named(obj))
-                else:
-                    await self.retry(
-                        lambda: self.ledger.release(r), "release", _expiry(self.ledger, r)
-                    )
-                    log.info("settled %s: not in the store, released", _named(obj))
+            if found:
+                charge = _stored_charge(obj.resource, found, expected or r.charge)
+            if found and expected is None:
+                answer = _replay_of(found)
+                await self.retry(
+                    partial(self.ledger.commit, r, obj.name, obj.resource, charge, answer),
+                    "commit",
+                )
+                log.info("settled %s: found in the store, charged", _named(obj))
                 return
-            delay = await _backoff(delay)
+            if found and expected is not None:
+                if _same(charge, expected) or window_passed:
+                    await self.retry(
+                        partial(self.ledger.commit_change, r, obj, charge), "commit_change"
+                    )
+                    log.info("settled the update of %s: charged as stored", _named(obj))
+                    return
+            elif found is not None and window_passed:  # {}: not in the store
+                await self.retry(lambda: self.ledger.release(r), "release", _expiry(self.ledger, r))
+                log.info("settled %s: not in the store, released", _named(obj))
+                return
+            # Not told yet (not in the store, not changed yet, or no answer): again.
+            wait = None if found is None else max(release_after - self.ledger.clock(), 0.0)
+            delay = await _backoff(delay, wait)
 
     # -- ledger calls whose answer was lost ----------------------------------------------
 
@@ -202,9 +249,9 @@ class Settler:
         already; the number taken up."""
         taken = 0
         for tenant in await self.ledger.tenants():
-            for r, obj in await self.ledger.unsettled(tenant):
+            for r, obj, release_after in await self.ledger.unsettled(tenant):
                 if r.id not in self._settling and obj.resource in TRACKED:
-                    self.settle_create(r, obj, mark=False)
+                    self.settle_create(r, obj, mark=False, release_after=release_after)
                     taken += 1
         if taken:
             log.info("settling %d reservations left unsettled by earlier processes", taken)
@@ -247,7 +294,9 @@ class Settler:
         cancelled at shutdown like the rest."""
         self._spawn(coro)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], key: str | None = None) -> None:
+    def _spawn(
+        self, coro: Coroutine[Any, Any, Any], key: str | None = None
+    ) -> asyncio.Task[Any] | None:
         if self._stopping or len(self._tasks) >= MAX_OPEN:
             coro.close()
             if not self._stopping:
@@ -261,13 +310,15 @@ class Settler:
                         self._dropped,
                     )
                     self._warned, self._dropped = now, 0
-            return
+            return None
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._marking.discard)
         if key is not None:
             self._settling.add(key)
             task.add_done_callback(lambda _: self._settling.discard(key))
+        return task
 
 
 async def read_back(fetch: Fetch, obj: ObjectRef) -> dict[str, Any] | None:
@@ -288,14 +339,15 @@ async def read_back(fetch: Fetch, obj: ObjectRef) -> dict[str, Any] | None:
 
 async def settle_marked(ledger: Ledger, fetch: Fetch, tenant: str) -> int:
     """One pass over a tenant's reservations marked unsettled (for a reconcile): each
-    read back once and committed or released; one the store does not answer for is left
-    for later. The number settled. LedgerError when the ledger fails."""
+    read back once and committed if found, released if not found once its settling
+    window has passed; one the store does not answer for, or whose window is still
+    open, is left for later. The number settled. LedgerError when the ledger fails."""
     settled = 0
-    for r, obj in await ledger.unsettled(tenant):
+    for r, obj, release_after in await ledger.unsettled(tenant):
         if obj.resource not in TRACKED:
             continue
         found = await read_back(fetch, obj)
-        if found is None:
+        if found is None or (not found and ledger.clock() < release_after):
             continue
         if found:
             charge = _stored_charge(obj.resource, found, r.charge)
@@ -327,7 +379,13 @@ def _expiry(ledger: Ledger, r: Reservation) -> float | None:
     return r.created + ledger.ttl if r.created else None
 
 
-async def _backoff(delay: float) -> float:
-    """Sleep about `delay` (jittered, so many settlers do not retry in step); the next."""
-    await asyncio.sleep(delay * (0.5 + random.random()))
+def _same(a: Charge, b: Charge) -> bool:
+    return {k: v for k, v in a.items() if v} == {k: v for k, v in b.items() if v}
+
+
+async def _backoff(delay: float, at_most: float | None = None) -> float:
+    """Sleep about `delay` (jittered, so many settlers do not retry in step), or
+    `at_most` when that is shorter (a settling window ending); the next delay."""
+    pause = delay * (0.5 + random.random())
+    await asyncio.sleep(pause if at_most is None else min(pause, at_most))
     return min(delay * 2, MAX_RETRY_SECONDS)

@@ -22,10 +22,11 @@ as soon as it is released.
 
 Tables: `reservations` (one row per pending reservation, per committed one that holds
 a claim — with the create's answer for a replay — and per released id, each until it
-expires; a pending one may carry the object it would make, `settle`, once its outcome
-is unknown), `inprog` (the sum of the pending reservations'
-charges per tenant, scope and resource, kept in step with the rows by every operation
-that adds, changes or drops a pending row; reconcile recomputes it from the rows),
+expires; a pending one may carry the object it would make and when a 404 may release
+it, `settle`, once its outcome is unknown), `inprog` (the sum of the pending
+reservations' charges per tenant, scope and resource, kept in step with the rows by
+every operation that adds, changes or drops a pending row; reconcile recomputes it
+from the rows),
 `used`, `objects`, `tombstones`, `limits` (see ledger.py) and `heartbeat` (the one row
 the readiness check writes).
 
@@ -70,8 +71,11 @@ from sidecar.quota.ledger import (
     QuotaExceeded,
     ReconcileResult,
     Reservation,
+    Unsettled,
     Usage,
     charge_delta,
+    decode_mark,
+    encode_mark,
 )
 from sidecar.quota.meters import Charge
 
@@ -651,6 +655,15 @@ class SqliteLedger(Ledger):
                 ).fetchone()
             if row is not None:
                 _bump(c, _BUMP_INPROG, r.tenant, row[0], json.loads(row[1]), -1)
+            # A record from before this reservation is of an earlier object of that
+            # name, whose delete the ledger has not recorded (yet): this one replaces it.
+            stale = c.execute(
+                "DELETE FROM objects WHERE tenant=? AND namespace=? AND resource=? AND name=? "
+                "AND at<? RETURNING charge",
+                (r.tenant, r.namespace, resource, name, r.created),
+            ).fetchone()
+            if stale is not None:
+                self._apply_used(c, r.tenant, r.namespace, json.loads(stale[0]), -1)
             created = c.execute(
                 "INSERT OR IGNORE INTO objects (tenant, namespace, resource, name, charge, at) "
                 "VALUES (?,?,?,?,?,?)",
@@ -683,9 +696,11 @@ class SqliteLedger(Ledger):
 
         await self._run(fn)
 
-    async def mark_unsettled(self, reservation: Reservation, obj: ObjectRef) -> None:
+    async def mark_unsettled(
+        self, reservation: Reservation, obj: ObjectRef, release_after: float | None = None
+    ) -> None:
         r = reservation
-        mark = json.dumps([obj.namespace, obj.resource, obj.name])
+        mark = encode_mark(obj, release_after)
         await self._run(
             lambda c: c.execute(
                 "UPDATE reservations SET settle=? WHERE tenant=? AND id=? AND state='pending'",
@@ -693,44 +708,47 @@ class SqliteLedger(Ledger):
             )
         )
 
-    async def unsettled(self, tenant: str) -> list[tuple[Reservation, ObjectRef]]:
+    async def unsettled(self, tenant: str) -> list[Unsettled]:
         now = self.clock()
 
-        def fn(c: sqlite3.Connection) -> list[tuple[Reservation, ObjectRef]]:
+        def fn(c: sqlite3.Connection) -> list[Unsettled]:
             self._purge(c, tenant, now)
             rows = c.execute(
                 "SELECT id, namespace, charge, expires, settle FROM reservations "
                 "WHERE tenant=? AND state='pending' AND settle != ''",
                 (tenant,),
             ).fetchall()
-            out = []
-            for rid, ns, raw, expires, mark in rows:
-                obj_ns, resource, name = json.loads(mark)
-                out.append(
-                    (
-                        Reservation(rid, tenant, ns, json.loads(raw), expires - self.ttl),
-                        ObjectRef(tenant, obj_ns, resource, name),
-                    )
+            return [
+                decode_mark(
+                    Reservation(rid, tenant, ns, json.loads(raw), expires - self.ttl), mark, expires
                 )
-            return out
+                for rid, ns, raw, expires, mark in rows
+            ]
 
         return await self._run(fn)
 
-    async def delete(self, obj: ObjectRef) -> Charge | None:
+    async def delete(self, obj: ObjectRef, at: float | None = None) -> Charge | None:
         now = self.clock()
+        when = now if at is None else at
 
         def fn(c: sqlite3.Connection) -> Charge | None:
             key = (obj.tenant, obj.namespace, obj.resource, obj.name)
             row = c.execute(
-                "SELECT charge FROM objects WHERE tenant=? AND namespace=? AND resource=? "
+                "SELECT charge, at FROM objects WHERE tenant=? AND namespace=? AND resource=? "
                 "AND name=?",
                 key,
             ).fetchone()
+            if row is not None and row[1] > when:
+                return None  # made after this delete: another object of the same name
             c.execute(
                 "DELETE FROM tombstones WHERE tenant=? AND at<?",
                 (obj.tenant, now - TOMBSTONE_SECONDS),
             )
-            c.execute("INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)", (*key, now))
+            c.execute(
+                "INSERT INTO tombstones VALUES (?,?,?,?,?) ON CONFLICT "
+                "(tenant, namespace, resource, name) DO UPDATE SET at = MAX(at, excluded.at)",
+                (*key, when),
+            )
             if row is None:
                 return None
             charge: Charge = json.loads(row[0])
@@ -742,33 +760,29 @@ class SqliteLedger(Ledger):
 
         return await self._run(fn)
 
-    async def delete_scope(self, tenant: str, namespace: str | None) -> int:
-        now = self.clock()
+    async def delete_scope(
+        self, tenant: str, namespace: str | None, at: float | None = None
+    ) -> int:
+        when = self.clock() if at is None else at
+        where = "tenant=? AND at<=?" + ("" if namespace is None else " AND namespace=?")
+        args: tuple[Any, ...] = (tenant, when) if namespace is None else (tenant, when, namespace)
 
         def fn(c: sqlite3.Connection) -> int:
-            # Reservations in flight (and their `inprog`) are left to commit or expire.
+            # Reservations in flight (and their `inprog`) are left to commit or expire;
+            # objects recorded after the delete (made since, in a scope made again) stay.
+            rows = c.execute(
+                f"DELETE FROM objects WHERE {where} RETURNING namespace, resource, name", args
+            ).fetchall()
             if namespace is None:
-                rows = c.execute(
-                    "SELECT namespace, resource, name FROM objects WHERE tenant=?", (tenant,)
-                ).fetchall()
-                for table in ("objects", "used", "limits"):
-                    c.execute(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
+                c.execute("DELETE FROM limits WHERE tenant=?", (tenant,))
             else:
-                rows = c.execute(
-                    "SELECT namespace, resource, name, charge FROM objects "
-                    "WHERE tenant=? AND namespace=?",
-                    (tenant, namespace),
-                ).fetchall()
-                for ns, _res, _name, raw in rows:
-                    self._apply_used(c, tenant, ns, json.loads(raw), -1)
-                c.execute("DELETE FROM objects WHERE tenant=? AND namespace=?", (tenant, namespace))
-                c.execute("DELETE FROM used WHERE tenant=? AND scope=?", (tenant, namespace))
                 c.execute("DELETE FROM limits WHERE tenant=? AND scope=?", (tenant, namespace))
-            for row in rows:
-                c.execute(
-                    "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
-                    (tenant, row[0], row[1], row[2], now),
-                )
+            _recount_used(c, tenant)
+            c.executemany(
+                "INSERT INTO tombstones VALUES (?,?,?,?,?) ON CONFLICT "
+                "(tenant, namespace, resource, name) DO UPDATE SET at = MAX(at, excluded.at)",
+                [(tenant, *row, when) for row in rows],
+            )
             return len(rows)
 
         return await self._run(fn)
@@ -872,11 +886,7 @@ class SqliteLedger(Ledger):
                 )
                 added += 1
             c.execute("DELETE FROM tombstones WHERE tenant=? AND at<?", (tenant, started_at))
-            c.execute("DELETE FROM used WHERE tenant=?", (tenant,))
-            for ns, raw in c.execute(
-                "SELECT namespace, charge FROM objects WHERE tenant=?", (tenant,)
-            ).fetchall():
-                self._apply_used(c, tenant, ns, json.loads(raw), 1)
+            _recount_used(c, tenant)
             # The reservations stay as they are; their counters are recounted from them
             # (they can only have drifted if a process of an older version shared the
             # file).
@@ -956,6 +966,15 @@ def _counters(c: sqlite3.Connection, table: str, tenant: str) -> dict[str, dict[
     ):
         out.setdefault(scope, {})[res] = amount
     return out
+
+
+def _recount_used(c: sqlite3.Connection, tenant: str) -> None:
+    """Set the tenant's `used` to the sums of its recorded objects' charges."""
+    c.execute("DELETE FROM used WHERE tenant=?", (tenant,))
+    for ns, raw in c.execute(
+        "SELECT namespace, charge FROM objects WHERE tenant=?", (tenant,)
+    ).fetchall():
+        _bump(c, _BUMP_USED, tenant, ns, json.loads(raw), 1)
 
 
 def _recount_in_progress(c: sqlite3.Connection, tenant: str | None) -> None:

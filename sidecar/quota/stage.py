@@ -10,7 +10,8 @@ the tenant and namespace scopes, forwards, then:
 - anything else is an outcome the sidecar did not see (a 5xx, a timeout, a cut
   connection or answer, the client or the sidecar going away): the reservation stays
   in progress and is settled against the store by `settle.Settler` (read the object
-  by name: commit or release), never assumed either way.
+  by name: commit when found, release when not found once the settling window has
+  passed, since the upstream may still be making it), never assumed either way.
 An `Idempotency-Key` is a claim on the reservation (ledger.Claim): the same key with
 another path or body → 422, a retry while the first is in flight → 409, a retry after
 the first succeeded gets its answer replayed (`Idempotency-Replayed: true`) whatever
@@ -24,16 +25,19 @@ upstream applies it (the sidecar holds no patch code); a refused dry run is answ
 as the upstream answered it. It reserves the increase over the recorded charge (403
 QuotaExceeded when there is no room), forwards, and on a 2xx records the stored
 object's charge (a decrease is returned); a 4xx releases; an unseen outcome is
-settled by reading the object.
+settled by reading the object (the increase stays reserved until the object is seen
+with the charge the dry run gave it, or the settling window has passed).
 
 A ledger call whose answer was lost (a timeout: it may have run) is made again until
-the ledger answers (a reserve that failed is released, a commit made); every ledger
-operation is idempotent by reservation id.
+the ledger answers (a reserve that failed is released, a commit or a delete made);
+every ledger operation is idempotent (by reservation id; a delete by the object and
+when it was deleted).
 
 A successful DELETE returns the object's recorded charge; a deleted namespace or
-tenant returns all of its objects' charges, and a deletecollection triggers a
-reconcile of the tenant. Over quota → 403 QuotaExceeded (in dry-run mode, for the
-caller's own tenant: counted, logged, forwarded). A `dryRun=All` write
+tenant returns all of its objects' charges (a ledger that fails meanwhile is asked
+again until it answers), and a deletecollection triggers a reconcile of the tenant.
+Over quota → 403 QuotaExceeded (in dry-run mode, for the caller's own tenant:
+counted, logged, forwarded). A `dryRun=All` write
 (`is_dry_run_all`) is checked like any other (its reservation is released at once,
 before forwarding) and never committed; its delete returns no charge. A ledger that
 cannot be reached → 503 on tracked creates and on updates that raise a charge; its
@@ -46,6 +50,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -150,7 +155,10 @@ class QuotaStage:
         # Work that outlives its request: settling unknown outcomes, ledger calls made
         # again, reconciles after deletes.
         self.settler = Settler(
-            ledger, self._read_stored, lambda op: metrics.ledger_errors.labels(op).inc()
+            ledger,
+            self._read_stored,
+            lambda op: metrics.ledger_errors.labels(op).inc(),
+            upstream.config.quota.settle_after_seconds,
         )
 
     async def _read_stored(self, path: str) -> tuple[int, Any]:
@@ -428,12 +436,12 @@ class QuotaStage:
                 if isinstance(exc, UpstreamError) and not _never_sent(exc):
                     settled = True
                     ctx.audit["quota"] = "unsettled"
-                    self.settler.settle_update(held, obj)
+                    self.settler.settle_update(held, obj, new_charge)
                 raise
             except BaseException:
                 settled = True
                 ctx.audit["quota"] = "unsettled"
-                self.settler.settle_update(held, obj)
+                self.settler.settle_update(held, obj, new_charge)
                 raise
             if 200 <= response.status < 300:
                 settled = True
@@ -444,7 +452,7 @@ class QuotaStage:
             elif response.status >= 500:
                 settled = True
                 ctx.audit["quota"] = "unsettled"
-                self.settler.settle_update(held, obj)
+                self.settler.settle_update(held, obj, new_charge)
             return response
         finally:
             if lock is not None and not settled:
@@ -493,34 +501,28 @@ class QuotaStage:
     # -- deletes ------------------------------------------------------------------------
 
     async def _after_delete(self, target: RequestTarget) -> None:
-        try:
-            if target.verb == "delete":
-                if target.scope == Scope.CLUSTER and target.resource == "tenants":
-                    await self.ledger.delete_scope(target.name, None)
-                elif (
-                    target.scope == Scope.TENANT
-                    and target.resource == "namespaces"
-                    and target.tenant
-                ):
-                    await self.ledger.delete_scope(target.tenant, target.name)
-                elif _tracked_item(target) and target.tenant:
-                    await self.ledger.delete(
-                        ObjectRef(
-                            target.tenant, target.namespace or "", target.resource, target.name
-                        )
-                    )
-                else:
-                    return
-                self.gauges.mark(target.tenant or target.name)
-            elif _tracked_item(target) is not None and target.tenant:
-                self.settler.background(
-                    reconcile_tenant(
-                        self.reconcile_fetch, self.ledger, target.tenant, log_errors=True
-                    )
-                )
-        except LedgerError as exc:
-            self.metrics.ledger_errors.labels("delete").inc()
-            log.warning("quota delete bookkeeping failed (reconcile corrects it): %s", exc.detail)
+        """Return what a successful delete freed. A ledger that fails (or stalls past its
+        timeout) is asked again until it answers; the delete is made at the time it
+        happened, so a repeat returns a charge once and never that of an object of the
+        same name made since."""
+        at = self.ledger.clock()
+        call: Callable[[], Awaitable[Any]]
+        if target.verb == "delete":
+            if target.scope == Scope.CLUSTER and target.resource == "tenants":
+                call = partial(self.ledger.delete_scope, target.name, None, at)
+            elif target.scope == Scope.TENANT and target.resource == "namespaces" and target.tenant:
+                call = partial(self.ledger.delete_scope, target.tenant, target.name, at)
+            elif _tracked_item(target) and target.tenant:
+                obj = ObjectRef(target.tenant, target.namespace or "", target.resource, target.name)
+                call = partial(self.ledger.delete, obj, at)
+            else:
+                return
+            await self.settler.now_or_later(call, "delete")
+            self.gauges.mark(target.tenant or target.name)
+        elif _tracked_item(target) is not None and target.tenant:
+            self.settler.background(
+                reconcile_tenant(self.reconcile_fetch, self.ledger, target.tenant, log_errors=True)
+            )
 
     # -- dryRun=All ----------------------------------------------------------------------
 

@@ -6,16 +6,20 @@ at once, the bounded wait (`rateLimit.maxWait`), and the numbers behind the 429
 headers.
 
 A bucket is `burst` tokens refilled at `rate` per second; a request takes one. Its
-whole state is one clock reading, `full_at`: when it will be full again (GCRA's
-theoretical arrival time). The tokens in use at `now` are
-`max(0, full_at - now) * rate`, and taking `n` tokens moves `full_at` to
-`now + (in use + n) / rate`. The LRU stores `(full_at, rate, burst)` per key (the
-rate and burst it was made for, to notice a reload): a tuple of plain numbers, which
-the cyclic garbage collector stops tracking at its first look. So a million
-tenants' buckets cost the collector nothing: it never scans them, and its pauses do
-not grow with the number of tenants (DESIGN §6, §11; an object per bucket, as
-aiolimiter's `AsyncLimiter` is, made every full collection scan all of them:
-pauses of 0.3 to 2 s with 100,000 buckets, docs/performance.md "many-tenants").
+state is one clock reading, `full_at`: when it will be full again (GCRA's theoretical
+arrival time). The tokens in use at `now` are `max(0, full_at - now) * rate`, and
+taking `n` tokens moves `full_at` to `now + (in use + n) / rate`.
+
+The LRU maps a string key (the stage's `tenant/bucket`, or a client address) to
+`complex(full_at, rate)`: the rate the bucket was made for rides along so that a
+reload that changes it converts the tokens in use instead of handing out a free
+burst (a smaller burst caps them when next read). A complex number is Python's one
+built-in pair of floats that the cyclic garbage collector does not track, and a dict
+of strings to such numbers is never tracked at all: the collector never scans the
+buckets, so a million tenants add nothing to its pauses (DESIGN §6, §11). An object
+per bucket, as aiolimiter's `AsyncLimiter` was, made every full collection scan them
+all: pauses of 0.3 to 2.5 s with 100,000 buckets (docs/performance.md,
+"many-tenants").
 
 A bucket missing from the LRU is full, and the LRU evicts the least recently used
 ones, those most likely to be full already: evicting changes nothing for them. A
@@ -29,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -37,9 +41,8 @@ from cachetools import LRUCache
 from sidecar.policy.ratelimits import Rate
 
 Clock = Callable[[], float]
-# (full_at, rate, burst): when the bucket is full again, and the spec it was made for.
-BucketState = tuple[float, float, int]
-Keys = Sequence[tuple[Hashable, Rate]]
+# (bucket key, its rate and burst) for each bucket a request draws from.
+Keys = Sequence[tuple[str, Rate]]
 
 # Tolerance, in tokens, for float rounding: a client that waits exactly the
 # Retry-After it was given must get through, whatever the clock's float error.
@@ -106,21 +109,25 @@ class LocalLimiter:
 
     def __init__(self, max_buckets: int, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or time.monotonic
-        self.buckets: LRUCache[Hashable, BucketState] = LRUCache(maxsize=max(1, max_buckets))
+        # key → complex(full_at, rate) (see the module docstring)
+        self.buckets: LRUCache[str, complex] = LRUCache(maxsize=max(1, max_buckets))
 
-    def used(self, key: Hashable, spec: Rate, now: float) -> float:
+    def used(self, key: str, spec: Rate, now: float) -> float:
         """Tokens in use in `key`'s bucket at `now` (0: full). A bucket made for
-        another rate or burst (a policy reload) keeps the tokens in use, at most the
-        new burst, and is stored re-sized: a reload never hands out a free burst."""
+        another rate keeps its tokens in use, and none beyond the burst: a reload
+        never hands out a free burst."""
         state = self.buckets.get(key)  # a hit makes it the most recently used
         if state is None:
             return 0.0
-        full_at, rate, burst = state
+        full_at, rate = state.real, state.imag
         used = (full_at - now) * rate if full_at > now else 0.0
-        if rate != spec.rate or burst != spec.burst:
+        if used > spec.burst or rate != spec.rate:
             used = min(used, float(spec.burst))
-            self.buckets[key] = (now + used / spec.rate, spec.rate, spec.burst)
+            self._store(key, spec, now, used)
         return used
+
+    def _store(self, key: str, spec: Rate, now: float, used: float) -> None:
+        self.buckets[key] = complex(now + used / spec.rate, spec.rate)
 
     def peek(self, keys: Keys) -> Verdict | None:
         """The current state of the buckets, consuming nothing (for headers)."""
@@ -166,10 +173,8 @@ class LocalLimiter:
             wait = max((u + 1.0 - s.burst) / s.rate for s, u in short)
             return tightest([verdict(s, u, False) for s, u in short]), wait
         # Every bucket was just checked and nothing here yields: taking is atomic.
-        buckets = self.buckets
         taken = []
         for (key, spec), u in zip(keys, levels, strict=True):
-            u += 1.0
-            buckets[key] = (now + u / spec.rate, spec.rate, spec.burst)
-            taken.append(verdict(spec, u, True))
+            self._store(key, spec, now, u + 1.0)
+            taken.append(verdict(spec, u + 1.0, True))
         return tightest(taken), 0.0

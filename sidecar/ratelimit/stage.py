@@ -12,12 +12,12 @@ the rest of the chain; a refusal reads no body and makes no upstream call. In dr
 mode (global or per tenant) would-be refusals are counted as `would_limit` and the
 request goes on.
 
-`AnonymousRateLimitStage` runs before identity. A request with no credentials at
-all is charged to its client address's bucket before any authentication work. A
-request with credentials is never limited by the address (many tenants share one
-address behind a load balancer); only when its authentication FAILS is the failure
-charged to the address, and once the address's budget is spent such failures are
-answered 429 instead of 401. Both refusals carry the audit note `ANONYMOUS_REFUSAL`:
+`AnonymousRateLimitStage` runs first, before the target is even parsed. A request with
+no credentials at all is charged to its client address's bucket before any other
+work. A request with credentials is never limited by the address (many tenants share
+one address behind a load balancer); only when it is refused before its caller is
+known (its authentication FAILS, its target is malformed) is the refusal charged to
+the address, and once the address's budget is spent such refusals are answered 429. Both refusals carry the audit note `ANONYMOUS_REFUSAL`:
 an address's flood of them is one audit record a second (sidecar/audit.py).
 """
 
@@ -178,7 +178,10 @@ class TenantRateLimitStage:
         lim = self.limiter
         dry = ctx.dry_run
         specs = bucket_specs(limits, identity.user, verb) if limits is not None else []
-        keys = [((tenant, suffix), spec) for suffix, spec in specs]
+        # `tenant/bucket`: a tenant name has no "/" (a DNS label), so keys never clash;
+        # plain strings keep the bucket store out of the garbage collector's way
+        # (sidecar/ratelimit/local.py).
+        keys = [(f"{tenant}/{suffix}", spec) for suffix, spec in specs]
 
         # A watch is long-lived by design: it takes a watch slot, never an in-flight one.
         cap: int | None
@@ -187,21 +190,21 @@ class TenantRateLimitStage:
         else:
             slots, cap, tier = lim.inflight, limits.max_in_flight if limits else None, INFLIGHT
         what = "open watches" if watching else "requests in flight"
+        # No mode relaxes these two caps: they keep a tenant's share of the upstream
+        # connections, which other tenants need (DESIGN §5 relaxes only refusals that
+        # concern the caller's own tenant; a hostile review starved other tenants with
+        # a dry-run tenant's watches).
         if cap is not None and not slots.try_enter(tenant, cap):
-            if not dry:
-                lim.count(tenant, tier, LIMITED)
-                ctx.audit["ratelimit"] = f"limited:{tier}"
-                return answer(
-                    ctx,
-                    too_many(
-                        f"too many {what} for tenant {tenant!r} (limit {cap})",
-                        lim.local.peek(keys) or slot_verdict(cap),
-                        1,
-                    ),
-                )
-            lim.count(tenant, tier, WOULD_LIMIT)
-            ctx.audit["ratelimit"] = f"would_limit:{tier}"
-            slots.enter(tenant)
+            lim.count(tenant, tier, LIMITED)
+            ctx.audit["ratelimit"] = f"limited:{tier}"
+            return answer(
+                ctx,
+                too_many(
+                    f"too many {what} for tenant {tenant!r} (limit {cap})",
+                    lim.local.peek(keys) or slot_verdict(cap),
+                    1,
+                ),
+            )
         try:
             verdict = await self._check(ctx, tenant, specs, keys, dry)
             if isinstance(verdict, StatusError):
@@ -223,7 +226,7 @@ class TenantRateLimitStage:
         ctx: RequestContext,
         tenant: str,
         specs: list[tuple[str, Rate]],
-        keys: list[tuple[tuple[str, str], Rate]],
+        keys: list[tuple[str, Rate]],
         dry: bool,
     ) -> Verdict | StatusError | None:
         """The verdict to report in the headers (None: no bucket applies), or the 429
@@ -306,10 +309,10 @@ class AnonymousRateLimitStage:
         try:
             response = await call_next(ctx)
         except StatusError as exc:
-            if exc.code == 401 and ctx.identity is None:
+            if 400 <= exc.code < 500 and ctx.identity is None:
                 await self._charge_failure(ctx, address, spec)
             raise
-        if response.status == 401 and ctx.identity is None:
+        if 400 <= response.status < 500 and ctx.identity is None:
             await self._charge_failure(ctx, address, spec)
         return response
 

@@ -1,6 +1,8 @@
 """A cluster as a user sees it: the real store and the real sidecar serving HTTPS with a
 certificate from a CA made here (`cryptography`), the shipped policies, tenants acme and
-beta with namespace ns1 each, and a kubeconfig per user (that CA, a static token).
+beta with namespace ns1 each, and a kubeconfig per user (that CA, a static token): the
+operator `admin`, acme's tenant admin `alice`, viewer `vera` and node owner `nora`, and
+beta's tenant admin `bob`.
 Used by the kubectl and the Python client end-to-end tests through the module-scoped
 `cluster` fixture of tests/system/conftest.py."""
 
@@ -26,6 +28,8 @@ USERS: dict[str, tuple[str, str, str, list[str]]] = {
     "alice": ("alice-token", "alice", "acme", ["tenant-admins"]),
     "vera": ("vera-token", "vera", "acme", ["viewers"]),
     "bob": ("bob-token", "bob", "beta", ["tenant-admins"]),
+    # acme's node owner: no grant but the shipped owner rule on nodes (40-node-owner.yaml).
+    "nora": ("nora-token", "nora", "acme", ["node-owners"]),
 }
 NS = "ns1"
 

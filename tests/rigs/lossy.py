@@ -8,7 +8,10 @@ write and the answer does (DESIGN §7, "an outcome the sidecar did not see").
 - `"500"`: forwarded to the store, then answered 500 whatever the store said;
 - `"hold"`: forwarded to the store, then its answer is held until `release` is set (the
   sidecar's read timeout runs out first: a 504);
-- `"stall"`: never forwarded; held until `release` is set, then cut (nothing created).
+- `"stall"`: never forwarded; held until `release` is set, then cut (nothing created);
+- `"late"`: held until `release` is set, then forwarded to the store and its answer
+  passed on (an upstream still working on a write the sidecar has given up on: the
+  store makes the object after the sidecar's settling reads found nothing).
 
 Everything else (the sidecar's settling reads included) reaches the store as sent.
 """
@@ -16,7 +19,8 @@ Everything else (the sidecar's settling reads included) reaches the store as sen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +39,8 @@ class LossyRelay:
         self.acted = 0  # requests the store acted on whose answer was lost
         self.seen: list[tuple[str, str]] = []  # (method, path) of every request
         self.lost = asyncio.Event()  # set at the first lost answer
+        self.held = 0  # requests held ("stall", "late") so far
+        self._late: set[asyncio.Task[tuple[int, bytes, str]]] = set()
         self._server: TestServer | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -53,6 +59,8 @@ class LossyRelay:
 
     async def __aexit__(self, *_: object) -> None:
         self.release.set()
+        if self._late:
+            await asyncio.wait(set(self._late), timeout=10)
         if self._server is not None:
             await self._server.close()
         if self._http is not None:
@@ -62,19 +70,26 @@ class LossyRelay:
         body = await request.read()
         self.seen.append((request.method, request.path))
         loss = self.lose(request)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASSED}
+        forward = self._forward(request.method, request.raw_path, body, headers)
+        if loss == "late":
+            # The write goes on when the sidecar has gone away (which cancels this
+            # handler): an upstream that finishes what it started.
+            self.held += 1
+            self.lost.set()
+            late = asyncio.ensure_future(self._after_release(forward))
+            self._late.add(late)
+            late.add_done_callback(self._late.discard)
+            status, answer, ctype = await asyncio.shield(late)
+            return web.Response(status=status, body=answer, headers={"Content-Type": ctype})
         if loss == "stall":
+            forward.close()
+            self.held += 1
             self.lost.set()
             await self.release.wait()
             _cut(request)
             return web.Response(status=500)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASSED}
-        assert self._http is not None
-        target = URL(self.store_url + request.raw_path, encoded=True)
-        async with self._http.request(
-            request.method, target, data=body or None, headers=headers
-        ) as resp:
-            status, answer = resp.status, await resp.read()
-            ctype = resp.headers.get("Content-Type", "application/json")
+        status, answer, ctype = await forward
         if loss is None:
             return web.Response(status=status, body=answer, headers={"Content-Type": ctype})
         self.acted += 1
@@ -88,6 +103,26 @@ class LossyRelay:
                 {"kind": "Status", "code": 500, "message": "lost after the write"}, status=500
             )
         return web.Response(status=status, body=answer, headers={"Content-Type": ctype})
+
+    async def _forward(
+        self, method: str, raw_path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, str]:
+        assert self._http is not None
+        target = URL(self.store_url + raw_path, encoded=True)
+        async with self._http.request(method, target, data=body or None, headers=headers) as resp:
+            return (
+                resp.status,
+                await resp.read(),
+                resp.headers.get("Content-Type", "application/json"),
+            )
+
+    async def _after_release(
+        self, forward: Coroutine[Any, Any, tuple[int, bytes, str]]
+    ) -> tuple[int, bytes, str]:
+        await self.release.wait()
+        answer = await forward
+        self.acted += 1
+        return answer
 
 
 def _cut(request: web.Request) -> None:

@@ -88,10 +88,20 @@ class Env:
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
         """One request with `path` sent exactly as written (no normalisation)."""
+        data = None if body is None else json.dumps(body).encode()
+        return await self.call_raw(token, method, path, data, content_type)
+
+    async def call_raw(
+        self,
+        token: str,
+        method: str,
+        path: str,
+        data: bytes | None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        """`call` with the body's bytes as given (YAML, protobuf, …)."""
         headers = {"Authorization": f"Bearer {token}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
+        if data is not None:
             headers["Content-Type"] = content_type
         url = URL(self.url + path, encoded=True)
         async with self.http.request(method, url, data=data, headers=headers) as resp:

@@ -139,6 +139,8 @@ async def rig(tmp: Path, limits: dict[str, Any]) -> AsyncIterator[Rig]:
             "identity": {"tokenFile": str(processes.write_tokens(tmp, TOKENS))},
             "reload": {"enabled": False},
             "limits": {"upstreamReadTimeout": 30, "shutdownGraceSeconds": 2, **limits},
+            # A create the store never made is released this long after its exchange.
+            "quota": {"settleAfterSeconds": 1},
         }
         sidecar = await asyncio.to_thread(processes.start_sidecar, tmp, config)
         try:

@@ -91,3 +91,47 @@ def test_an_anonymous_flood_of_30_kb_targets_writes_a_few_small_records(
     # Far less than the raw volume, which was written whole before (60 MB here).
     assert len(raw) <= 4096 * (len(anonymous) + len(others))
     assert len(raw) < REQUESTS * len(TARGET) // 100
+
+
+BAD_TARGET = "/api/v1/namespaces/default/config%zzmaps?x=" + "B" * 3000
+
+
+def test_malformed_targets_of_unidentified_clients_spend_their_address_budget(
+    procs: processes.Processes, tmp_path: Path
+) -> None:
+    """Found by a hostile review: the parse stage answered a malformed target with 400
+    before the anonymous limit ran, so one unauthenticated address wrote ~2 MB/s of
+    4 KiB records. The anonymous limit now runs first, and a request refused before
+    its caller is known (with bogus credentials too) spends the address's budget."""
+    store = procs.store()
+    audit = tmp_path / "audit.log"
+    sidecar = procs.sidecar(
+        {
+            "upstream": store.url,
+            "policies": str(write_policy(tmp_path)),
+            "audit": {"path": str(audit)},
+            "rateLimit": {"anonymous": {"rate": 1, "burst": 2}},
+        }
+    )
+
+    async def send() -> list[int]:
+        statuses: list[int] = []
+        target = yarl.URL(sidecar.url + BAD_TARGET, encoded=True)
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"Authorization": "Bearer nobody"}):
+                for _ in range(100):
+                    async with session.get(target, headers=headers) as response:
+                        await response.read()
+                        statuses.append(response.status)
+        return statuses
+
+    started = time.monotonic()
+    statuses = asyncio.run(send())
+    seconds = time.monotonic() - started
+    assert sidecar.stop() == 0
+    assert set(statuses) <= {400, 429}, set(statuses)
+    # The budget (burst 2, 1/s) lets a few through as 400s; the rest are 429s.
+    assert statuses.count(400) <= 2 + math.ceil(seconds) + 1, (statuses.count(400), seconds)
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(r.get("count", 1) for r in records) == len(statuses)
+    assert len([r for r in records if r["status"] == 400]) == statuses.count(400)

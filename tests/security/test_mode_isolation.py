@@ -139,7 +139,7 @@ async def test_other_tenants_and_the_cluster_level_stay_concealed(
                 ("GET", "/api/v1/tenants/beta/namespaces/dev/secrets"),
                 ("DELETE", "/api/v1/tenants/beta/namespaces/dev"),
                 ("GET", "/api/v1/tenants/beta"),
-                ("GET", "/api/v1/pods"),
+                # (`GET /api/v1/pods` means the caller's own tenant, DESIGN §3.)
                 ("GET", "/api/v1/tenants"),
                 ("DELETE", "/api/v1/tenants/beta"),
                 ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles"),

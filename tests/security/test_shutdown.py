@@ -64,6 +64,8 @@ async def test_sigterm_with_a_stalled_upstream_exits_by_the_deadline(tmp_path: P
                 store=store,
                 policy=POLICY,
                 limits={"shutdownGraceSeconds": GRACE, "upstreamReadTimeout": 60},
+                # A create the store never made is released this long after it was cut.
+                quota={"settleAfterSeconds": 1},
             ) as env:
                 create = asyncio.create_task(
                     env.send("POST", SERVERS, {"metadata": {"name": "cut"}})

@@ -93,6 +93,13 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         ("identity: {stripHeaders: X-User}\n", {}, "'identity.stripHeaders' must be a list"),
         ("identity: {stripHeaders: ['X User']}\n", {}, "'identity.stripHeaders[0]' is not a"),
         ("identity: {stripHeaders: [X-A, Content_Length]}\n", {}, "'identity.stripHeaders[1]'"),
+        ("quota: {settleAfterSeconds: -1}\n", {}, "'quota.settleAfterSeconds' must be between"),
+        ("quota: {settleAfterSeconds: .nan}\n", {}, "'quota.settleAfterSeconds' must be between"),
+        (
+            "quota: {reservationTtlSeconds: 60, settleAfterSeconds: 61}\n",
+            {},
+            "'quota.settleAfterSeconds' must be between 0 and 'quota.reservationTtlSeconds'",
+        ),
     ],
 )
 def test_bad_config_names_the_key(

@@ -16,10 +16,12 @@ whose JSON could not fit in `limits.maxBodyBytes` (413 before anything is conver
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from sidecar.kube_protobuf import (
     transcode_request,
 )
 from sidecar.kube_protobuf.descriptors import TABLE
-from tests.rigs import paths
+from tests.rigs import gated_worker, paths
 from tests.rigs.protobuf import (
     KubectlStub,
     as_json,
@@ -58,6 +60,7 @@ from tests.rigs.protobuf import (
     run_kubectl,
     vi,
 )
+from tests.rigs.waiting import eventually
 
 FIXTURES = paths.FIXTURES / "protobuf"
 BLOB = b"\x00\xff\xfebinary"  # not UTF-8, so kubectl puts it in binaryData
@@ -929,7 +932,7 @@ def test_a_refusal_before_conversion_is_always_right(
             assert len(transcode(body).data) > limit
 
 
-# ---- off the event loop --------------------------------------------------------------------
+# ---- off the event loop, fair between tenants -----------------------------------------------
 
 
 @pytest.fixture
@@ -939,33 +942,107 @@ def fresh_worker() -> Any:
     offload.stop()
 
 
-async def test_a_large_body_is_converted_in_the_worker_process(fresh_worker: Any) -> None:
+def configmap(name: str, *entries: bytes) -> bytes:
+    return envelope("v1", "ConfigMap", meta(ld(1, name), ld(3, "ns1")) + b"".join(entries))
+
+
+def large(name: str) -> bytes:
+    """A body for the workers: more than INLINE_MAX_BYTES."""
+    return configmap(name, entry(2, "blob", "x" * (INLINE_MAX_BYTES + 1)))
+
+
+# A container with every probe, hook and security context set and empty: 75 bytes that
+# convert to dozens of Python objects (the costliest bytes for its size).
+_HANDLERS = ld(1, b"") + ld(2, b"") + ld(3, b"") + ld(4, b"")
+_STUFFED_CONTAINER = (
+    ld(1, "c")
+    + ld(10, ld(1, _HANDLERS))
+    + ld(11, ld(1, _HANDLERS))
+    + ld(22, ld(1, _HANDLERS))
+    + ld(12, ld(1, _HANDLERS) + ld(2, _HANDLERS))
+    + ld(15, ld(1, b"") + ld(3, b"") + ld(10, b"") + ld(11, b""))
+)
+
+
+async def test_a_large_body_is_converted_in_a_worker_process(fresh_worker: Any) -> None:
     """Above INLINE_MAX_BYTES, nothing is converted in this process: the JSON comes
-    from the worker, and is what converting here would give."""
-    big = envelope(
-        "v1", "ConfigMap", meta(ld(1, "big"), ld(3, "ns1")) + entry(2, "blob", "x" * 500_000)
-    )
-    assert len(big) > INLINE_MAX_BYTES
+    from a worker, and is what converting here would give."""
+    big = configmap("big", entry(2, "blob", "x" * 500_000))
     before, sent = STATS.conversions, COUNTS.worker
-    result = await transcode_request(big, LIMIT)
+    result = await transcode_request(big, LIMIT, "acme")
     assert STATS.conversions == before  # converted elsewhere
     assert COUNTS.worker == sent + 1
-    assert offload.worker_pid() not in (None, os.getpid())
+    assert len(offload.worker_pids()) == 1
+    assert os.getpid() not in offload.worker_pids()
     assert result.document is None
     assert result.data == transcode(big, LIMIT).data
-    small = (FIXTURES / "deployment.pb").read_bytes()
-    assert len(small) <= INLINE_MAX_BYTES
-    in_place = await transcode_request(small, LIMIT)
-    assert in_place.document == json.loads(in_place.data)
+
+
+async def test_a_few_kb_body_of_few_parts_is_converted_in_place(fresh_worker: Any) -> None:
+    """What `kubectl create configmap --from-file` sends (a few KB, three parts) costs
+    next to nothing to convert: it is converted in place, and no worker is needed, so
+    it never waits for one (it went to the one busy worker before)."""
+    body = configmap("from-file", entry(2, "app.conf", "x" * 3000))
+    assert 2048 < len(body) <= INLINE_MAX_BYTES
+    kubectl = [(FIXTURES / f"{name}.pb").read_bytes() for name in ("deployment", "secret-tls")]
+    before = COUNTS.inline
+    for each in [body, *kubectl]:
+        result = await transcode_request(each, LIMIT, "acme")
+        assert result.document == json.loads(result.data) == json.loads(transcode(each).data)
+    assert COUNTS.inline == before + 3
+    assert offload.worker_pids() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        envelope(
+            "apps/v1",
+            "Deployment",
+            meta(ld(1, "d")) + ld(2, ld(3, ld(2, ld(2, _STUFFED_CONTAINER) * 26))),
+        ),
+        envelope("v1", "ConfigMap", meta(ld(1, "f"), ld(13, b"") * 990)),
+    ],
+    ids=["26 stuffed containers", "990 owner references"],
+)
+async def test_a_small_body_of_many_parts_is_converted_in_a_worker(
+    fresh_worker: Any, body: bytes
+) -> None:
+    """Bytes are not what a conversion costs: 2 KiB of empty probes and handlers, or of
+    owner references, is thousands of Python objects (it was converted in place)."""
+    assert len(body) <= 2048
+    parts = codec.count_parts(codec.decode(body), 10**6)
+    assert parts > offload.INLINE_MAX_PARTS
+    before, sent = STATS.conversions, COUNTS.worker
+    result = await transcode_request(body, LIMIT, "acme")
+    assert (STATS.conversions, COUNTS.worker) == (before, sent + 1)
+    assert result.data == transcode(body, LIMIT).data
+
+
+def test_parts_are_counted_only_up_to_the_limit() -> None:
+    """Every message and every list or map entry is a part; counting stops once there
+    are more than the limit (so it never walks a large body whole)."""
+    finalizers = codec.decode(envelope("v1", "ConfigMap", meta(ld(1, "f"), ld(14, "") * 50)))
+    # The finalizers, the metadata and its creationTimestamp (meta() writes one, as Go).
+    assert codec.count_parts(finalizers, 10**6) == 52
+    container = ld(1, "c") + ld(7, ld(1, "e")) * 10  # a container of ten variables
+    pod = ld(2, container) * 100
+    deployment = codec.decode(
+        envelope("apps/v1", "Deployment", meta(ld(1, "d")) + ld(2, ld(3, ld(2, pod))))
+    )
+    total = codec.count_parts(deployment, 10**6)
+    assert total == 2 + 3 + 100 * 11  # metadata, time; spec, template, pod spec; …
+    counted = codec.count_parts(deployment, offload.INLINE_MAX_PARTS)
+    assert offload.INLINE_MAX_PARTS < counted < total
 
 
 async def test_the_workers_refusals_are_the_same_statuses(fresh_worker: Any) -> None:
     with pytest.raises(ProtobufError) as caught:
-        await transcode_request(finalizer_bomb(), LIMIT)
+        await transcode_request(finalizer_bomb(), LIMIT, "acme")
     assert caught.value.code == 413
-    bad = envelope("v1", "ConfigMap", meta(ld(1, "x")) + entry(2, "k", b"\xff" * 5000))
+    bad = configmap("x", entry(2, "k", b"\xff" * 20_000))
     with pytest.raises(ProtobufError) as caught:
-        await transcode_request(bad, LIMIT)
+        await transcode_request(bad, LIMIT, "acme")
     assert (caught.value.code, caught.value.message) == (
         400,
         "malformed protobuf body: a string is not valid UTF-8",
@@ -973,17 +1050,147 @@ async def test_the_workers_refusals_are_the_same_statuses(fresh_worker: Any) -> 
 
 
 async def test_a_worker_that_dies_is_a_503_and_is_replaced(fresh_worker: Any) -> None:
-    big = envelope("v1", "ConfigMap", meta(ld(1, "big")) + entry(2, "k", "v" * 10_000))
-    await transcode_request(big, LIMIT)
-    pid = offload.worker_pid()
-    assert pid is not None
+    big = large("big")
+    await transcode_request(big, LIMIT, "acme")
+    [pid] = offload.worker_pids()
     os.kill(pid, signal.SIGKILL)  # the fault: the worker is gone
     with pytest.raises(StatusError) as caught:
-        await transcode_request(big, LIMIT)
+        await transcode_request(big, LIMIT, "acme")
     assert caught.value.code == 503
-    result = await transcode_request(big, LIMIT)
-    assert json.loads(result.data)["data"] == {"k": "v" * 10_000}
-    assert offload.worker_pid() not in (None, pid)
+    assert caught.value.headers["Retry-After"] == "1"
+    result = await transcode_request(big, LIMIT, "acme")
+    assert json.loads(result.data)["data"]["blob"].startswith("xxx")
+    assert pid not in offload.worker_pids()
+
+
+@pytest.fixture
+def gates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_worker: Any) -> Path:
+    """Workers that answer a body only once the test opens its gate (the fault: slow
+    workers, tests/rigs/gated_worker.py), so who is in a worker is decided by the test."""
+    where = tmp_path / "gates"
+    monkeypatch.setattr(offload, "WORKER_COMMAND", gated_worker.command(where))
+    return where
+
+
+def _start(tenant: str, name: str) -> asyncio.Task[Any]:
+    return asyncio.create_task(transcode_request(large(name), LIMIT, tenant), name=name)
+
+
+async def _enter(gates: Path, name: str) -> None:
+    """Wait until body `name` is in a worker, and let it answer."""
+    await eventually(lambda: gated_worker.open_gate(gates, name), what=f"{name} in a worker")
+
+
+async def test_another_tenant_is_never_queued_behind_a_tenants_backlog(gates: Path) -> None:
+    """beta and gamma each keep a backlog of large bodies; acme's body arrives last and
+    gets the first worker that frees up, before beta's and gamma's next ones (the old
+    code had one worker behind one lock: acme waited for the whole backlog)."""
+    names = ["b1", "b2", "b3", "b4", "g1", "g2", "g3", "a1"]
+    gated_worker.make_gates(gates, names)
+    tasks = {name: _start("beta", name) for name in ("b1", "b2", "b3", "b4")}
+    tasks |= {name: _start("gamma", name) for name in ("g1", "g2", "g3")}
+    await eventually(lambda: COUNTS.waited >= 5, what="the backlogs waiting")
+    tasks["a1"] = _start("acme", "a1")
+    await eventually(lambda: COUNTS.waited >= 6, what="acme waiting")
+    # One worker each for beta and gamma: the free one goes to acme, then in turn.
+    order = ["b1", "a1", "g1", "b2", "g2", "b3", "g3", "b4"]
+    for name in order:
+        await _enter(gates, name)
+    results = await asyncio.gather(*tasks.values())
+    for name, result in zip(tasks, results, strict=True):
+        assert json.loads(result.data)["metadata"]["name"] == name
+
+
+async def test_a_tenant_has_one_body_in_the_workers_at_a_time(gates: Path) -> None:
+    """With both workers free, beta's second body still waits for its first: the other
+    worker stays free for another tenant."""
+    gated_worker.make_gates(gates, ["b1", "b2", "a1"])
+    first, second = _start("beta", "b1"), _start("beta", "b2")
+    await eventually(lambda: COUNTS.waited >= 1, what="b2 waiting")
+    other = _start("acme", "a1")
+    await _enter(gates, "a1")  # acme's body went to the free worker at once
+    await other
+    assert not second.done()
+    await _enter(gates, "b1")
+    await _enter(gates, "b2")
+    await asyncio.gather(first, second)
+
+
+async def test_waiting_never_uses_the_default_executor(gates: Path) -> None:
+    """Bodies waiting for a worker hold no thread of asyncio's default executor, which
+    credential, TLS and policy reloads use (the old code parked each waiting body on one
+    of them: 16 of beta's bodies kept a revoked token working for 14 s)."""
+    names = [f"b{i}" for i in range(16)]
+    gated_worker.make_gates(gates, names)
+    sent = COUNTS.worker
+    tasks = [_start("beta", name) for name in names]
+    await eventually(lambda: COUNTS.worker == sent + 16, what="beta's bodies sent")
+    loop = asyncio.get_running_loop()
+    ran = await asyncio.wait_for(
+        asyncio.gather(*(loop.run_in_executor(None, threading.get_ident) for _ in range(64))),
+        timeout=10,  # a hang guard: they run at once
+    )
+    assert len(ran) == 64
+    left = set(names)
+    while left:  # in whatever order they reach the worker
+        opened = await eventually(
+            lambda: [name for name in left if gated_worker.open_gate(gates, name)],
+            what=f"one of {sorted(left)} in a worker",
+        )
+        left -= set(opened)
+    await asyncio.gather(*tasks)
+
+
+async def test_a_body_that_waits_too_long_is_429(
+    gates: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offload, "QUEUE_TIMEOUT_SECONDS", 0.2)
+    gated_worker.make_gates(gates, ["b1", "b2", "a1"])
+    first, second = _start("beta", "b1"), _start("beta", "b2")
+    with pytest.raises(StatusError) as caught:
+        await second  # b1 holds beta's share and is never let through meanwhile
+    assert caught.value.code == 429
+    assert caught.value.headers["Retry-After"] == "1"
+    assert caught.value.details == {"retryAfterSeconds": 1}
+    assert COUNTS.queue_timeouts >= 1
+    other = _start("acme", "a1")  # the slot b2 did not take is free for others
+    await _enter(gates, "a1")
+    await other
+    await _enter(gates, "b1")
+    await first
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_conversion_that_takes_too_long_is_503_and_its_worker_replaced(
+    gates: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offload, "WORKERS", 1)
+    gated_worker.make_gates(gates, ["warm", "stuck", "next"])
+    task = _start("acme", "warm")
+    await _enter(gates, "warm")
+    await task
+    [pid] = offload.worker_pids()
+    monkeypatch.setattr(offload, "CONVERT_TIMEOUT_SECONDS", 0.2)
+    with pytest.raises(StatusError) as caught:
+        await transcode_request(large("stuck"), LIMIT, "acme")  # its gate never opens
+    assert caught.value.code == 503
+    assert caught.value.headers["Retry-After"] == "1"
+    assert "took more than" in caught.value.message
+    assert COUNTS.convert_timeouts >= 1
+    # The stuck worker is killed (and reaped), and the next body has a new one.
+    await eventually(lambda: not _alive(pid), what="the stuck worker gone")
+    monkeypatch.setattr(offload, "CONVERT_TIMEOUT_SECONDS", 30.0)
+    task = _start("acme", "next")
+    await _enter(gates, "next")
+    assert json.loads((await task).data)["metadata"]["name"] == "next"
+    assert offload.worker_pids() not in ([], [pid])
 
 
 def test_binary_data_is_base64() -> None:

@@ -247,6 +247,35 @@ def test_table_rows_carry_partial_object_metadata_by_default(version: str) -> No
     ]
 
 
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    objects=st.lists(items(), max_size=6),
+    include=st.sampled_from(["Metadata", "Object", "None"]),
+    data=st.data(),
+)
+def test_any_chunking_of_a_table_gives_its_rows_filtered(
+    objects: list[dict[str, Any]], include: str, data: st.DataObject
+) -> None:
+    raw = table(objects)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=10), label="cuts"))
+    flt = list_filter("acme", "spec.owner", TABLE_ACCEPT, include)
+    rows = json.loads(run(flt, raw, cuts))["rows"]
+    mine = [
+        o for o in objects if isinstance(o.get("spec"), dict) and o["spec"].get("owner") == "acme"
+    ]
+    assert [r["cells"] for r in rows] == [[o["metadata"]["name"]] for o in mine]
+
+    def shown(o: dict[str, Any]) -> dict[str, Any]:
+        if include == "Object":
+            return {"object": o}
+        if include == "None":
+            return {}
+        meta = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1"}
+        return {"object": {**meta, "metadata": o["metadata"]}}
+
+    assert rows == [{"cells": [o["metadata"]["name"]], **shown(o)} for o in mine]
+
+
 def test_table_rows_as_the_client_asked() -> None:
     whole = list_filter("acme", "spec.owner", TABLE_ACCEPT, "Object")
     assert json.loads(run(whole, table(NODES)))["rows"] == [{"cells": ["n1"], "object": NODES[0]}]

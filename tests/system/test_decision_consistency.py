@@ -8,7 +8,10 @@ owner filled in), deny → 403, notfound → 404, neither of them forwarded. A c
 
 The fake upstream answers the sidecar's own reads (owner lookups, tenant checks) with
 the case's `object` (404 when the case has none) and every forwarded request with
-200/201. The owner cache is off, so each case's object is read anew.
+200/201. The owner cache is off, so each case's object is read anew. An update of a
+quota-tracked object is forwarded twice: first as the quota stage's dry run (DESIGN §7:
+the same request with `dryRun=All`), then as itself, unchanged; the dry run is not
+counted as the one forwarded request.
 
 And again with the global mode `dry-run` (issue 22): a refusal the verdict says a mode
 may relax (`Verdict.relaxable`, what `policy explain` reports as `live: forwarded`) is
@@ -22,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import aiohttp
 import pytest
@@ -207,6 +211,9 @@ def _check(
         return f"expected 2xx for {expect}, got {status} {raw[:200]!r}"
     if _answered_by_sidecar(path):
         return f"forwarded: {forwarded}" if forwarded else ""
+    forwarded, problem = _without_dry_run(case, forwarded)
+    if problem:
+        return problem
     if len(forwarded) != 1:
         return f"expected one forwarded request, got {forwarded}"
     if expect == "filter":
@@ -231,11 +238,42 @@ def _check_relaxed(
         return f"a relaxed refusal of the sidecar's own API: {status} {raw[:200]!r}"
     if not 200 <= status < 300:
         return f"relaxed ({verdict.outcome}) but answered {status} {raw[:200]!r}"
+    forwarded, problem = _without_dry_run(case, forwarded)
+    if problem:
+        return f"relaxed: {problem}"
     if len(forwarded) != 1:
         return f"relaxed: expected one forwarded request, got {forwarded}"
     if verdict.body is not None and forwarded[0][2] != verdict.body:
         return f"relaxed write forwarded {forwarded[0][2]}, not the checked {verdict.body}"
     return ""
+
+
+def _without_dry_run(
+    case: PolicyCase, forwarded: list[tuple[str, str, Any]]
+) -> tuple[list[tuple[str, str, Any]], str]:
+    """The forwarded requests without the quota stage's dry run of an update of a
+    quota-tracked object (DESIGN §7: the same request with `dryRun=All`, sent first),
+    and a problem when there is such a dry run but the request after it is not the
+    same one, unchanged and without `dryRun`."""
+    if not forwarded or ("dryRun", "All") not in _query(forwarded[0][1]):
+        return forwarded, ""
+    (dry_method, dry_qs, dry_body), rest = forwarded[0], forwarded[1:]
+    if case.method not in ("PUT", "PATCH") or not rest:
+        return forwarded, f"a dry run, but no {case.method} after it: {forwarded}"
+    method, qs, body = rest[0]
+    expected = [q for q in _query(dry_qs) if q != ("dryRun", "All")]
+    if (method, qs.partition("?")[0], _query(qs), body) != (
+        dry_method,
+        dry_qs.partition("?")[0],
+        expected,
+        dry_body,
+    ):
+        return forwarded, f"the request after the dry run is not the same one: {forwarded}"
+    return rest, ""
+
+
+def _query(path_qs: str) -> list[tuple[str, str]]:
+    return parse_qsl(path_qs.partition("?")[2], keep_blank_values=True)
 
 
 def test_relaxable_refusals_exist_in_both_directories() -> None:

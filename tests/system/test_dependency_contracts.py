@@ -20,12 +20,6 @@ bound, run this file against the new version. The internals used:
 
 prometheus-client: `sidecar/metrics.py` flushes batched histogram observations into a
 labelled child's `_upper_bounds`, `_buckets` (per-bucket, not cumulative) and `_sum`.
-
-aiolimiter (DESIGN §6: local buckets use it) is pinned the same way:
-`sidecar/ratelimit/local.py` reads and sets `AsyncLimiter._level` (tokens in use),
-`_last_check` (the clock reading of the last leak) and `_rate_per_sec`, and overrides
-`_leak`, because the 429 headers need the level, a policy reload carries it over to a
-re-sized bucket, and tests inject a clock; aiolimiter has no public API for these.
 """
 
 from __future__ import annotations
@@ -152,52 +146,6 @@ async def test_an_answer_without_reading_closes_through_the_protocol(
     assert received.startswith(b"HTTP/1.1 403"), received[:200]
     assert b"100 Continue" not in received
     assert closed
-
-
-def test_installed_aiolimiter_is_within_the_pinned_range() -> None:
-    import importlib.metadata
-
-    text = (ROOT / "pyproject.toml").read_text()
-    match = re.search(r'"aiolimiter>=([0-9.]+),<([0-9.]+)"', text)
-    assert match, "aiolimiter must be pinned with an upper bound in pyproject.toml"
-    installed = tuple(int(p) for p in importlib.metadata.version("aiolimiter").split(".")[:2])
-    upper = tuple(int(p) for p in match.group(2).split("."))
-    assert installed < upper
-
-
-async def test_aiolimiter_private_state_is_what_local_buckets_use() -> None:
-    from aiolimiter import AsyncLimiter
-
-    limiter = AsyncLimiter(4, 2)  # 4 tokens per 2 s
-    assert limiter._rate_per_sec == 2.0
-    assert limiter._level == 0
-    await limiter.acquire()
-    assert limiter._level == 1
-    last = limiter._last_check
-    assert isinstance(last, float)
-    # _leak() drains the level by elapsed * _rate_per_sec since _last_check.
-    limiter._last_check = last - 0.25
-    limiter._leak()
-    assert limiter._level == pytest.approx(0.5, abs=0.05)
-    assert limiter._last_check >= last
-    assert limiter.has_capacity(3.5)
-    assert not limiter.has_capacity(3.6)
-
-
-async def test_local_bucket_counts_like_aiolimiter() -> None:
-    from sidecar.policy.ratelimits import Rate
-    from sidecar.ratelimit.local import Bucket
-
-    now = [100.0]
-    bucket = Bucket(Rate(2.0, 4), clock=lambda: now[0])
-    for _ in range(4):
-        assert bucket.has_capacity()
-        bucket.take()
-    assert not bucket.has_capacity()
-    now[0] += 0.5  # one token back at 2/s
-    assert bucket.has_capacity()
-    assert not bucket.has_capacity(1.5)
-    assert bucket.level() == pytest.approx(3.0)
 
 
 def test_installed_prometheus_client_is_within_the_pinned_range() -> None:

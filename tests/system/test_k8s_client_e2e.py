@@ -2,7 +2,8 @@
 store (issue 14): the same kubeconfigs as kubectl's tests (the test CA, static tokens),
 CoreV1Api list/create/delete of config maps with selectors and dry runs, a watch,
 access reviews (AuthorizationV1Api), whoami (AuthenticationV1Api), and isolation: another
-tenant's objects stay 404 and never show in lists.
+tenant's objects stay 404 and never show in lists (a tenant user's "all namespaces" list
+is its own tenant's), DELETE's `V1Status`, and server-side tables (issue 23).
 """
 
 from __future__ import annotations
@@ -143,9 +144,9 @@ def test_dynamic_client_finds_and_creates_a_self_subject_access_review(
     sidecar serves (DESIGN §10)."""
     from kubernetes.dynamic import DynamicClient
 
-    dyn = DynamicClient(api["alice"])
+    dyn = DynamicClient(api["alice"])  # type: ignore[no-untyped-call]
     ssar = dyn.resources.get(api_version="authorization.k8s.io/v1", kind="SelfSubjectAccessReview")
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
         "spec": {"resourceAttributes": {"verb": "list", "resource": "configmaps", "namespace": NS}},
@@ -194,13 +195,85 @@ def test_isolation(api: dict[str, Any], cluster: ClusterEnv) -> None:
         )
         assert status == 404, body
         assert body["details"]["kind"] == "tenants", body
-        # Lists across tenants are concealed too.
-        with pytest.raises(client.ApiException) as caught:
-            bob.list_config_map_for_all_namespaces()
-        assert caught.value.status in (403, 404)
+        # "All namespaces" is every namespace of the caller's own tenant (DESIGN §3).
+        bob.create_namespaced_config_map(NS, configmap("py-beta"))
+        try:
+            assert "py-beta" in names(bob.list_config_map_for_all_namespaces())
+            assert "py-private" not in names(bob.list_config_map_for_all_namespaces())
+            assert "py-beta" not in names(alice.list_config_map_for_all_namespaces())
+            assert "py-private" in names(alice.list_config_map_for_all_namespaces())
+        finally:
+            bob.delete_namespaced_config_map("py-beta", NS)
         with pytest.raises(client.ApiException) as caught:
             bob.delete_namespaced_config_map("py-private", NS)
         assert caught.value.status == 404
         assert "py-private" in names(alice.list_namespaced_config_map(NS))
     finally:
         alice.delete_namespaced_config_map("py-private", NS)
+
+
+def test_delete_answers_a_status(api: dict[str, Any], cluster: ClusterEnv) -> None:
+    """An immediate DELETE answers a `Status` of success (DESIGN §10), which the client
+    reads as a `V1Status` naming the object and its uid; the charge is returned."""
+    core = client.CoreV1Api(api["alice"])
+    created = core.create_namespaced_config_map(NS, configmap("py-doomed"))
+    before = int(cluster.used("acme", "configmaps"))
+    # The client returns the answer as it came (a dict): a DELETE may answer the object
+    # (graceful deletion, finalizers) or a Status. Here it is a Status.
+    raw = core.delete_namespaced_config_map("py-doomed", NS)
+    assert isinstance(raw, dict)
+    assert (raw["kind"], raw["apiVersion"]) == ("Status", "v1"), raw
+    answer = client.V1Status.from_dict(raw)
+    assert answer is not None
+    assert answer.status == "Success"
+    assert answer.details is not None
+    assert (answer.details.name, answer.details.kind, answer.details.uid) == (
+        "py-doomed",
+        "configmaps",
+        created.metadata.uid if created.metadata else None,
+    )
+    assert int(cluster.used("acme", "configmaps")) == before - 1
+    with pytest.raises(client.ApiException) as caught:
+        core.delete_namespaced_config_map("py-doomed", NS)
+    assert caught.value.status == 404
+
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def table(api_client: Any, path: str) -> dict[str, Any]:
+    """A server-side `Table` (kubectl get's request), read with the dynamic client."""
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api_client)  # type: ignore[no-untyped-call]
+    answer = dyn.request("GET", path, header_params={"Accept": TABLE})
+    body: dict[str, Any] = answer.to_dict()
+    assert (body["kind"], body["apiVersion"]) == ("Table", "meta.k8s.io/v1"), body
+    return body
+
+
+def test_tables_for_a_client(api: dict[str, Any], cluster: ClusterEnv) -> None:
+    """What `kubectl get` prints, asked for by a client: a config map's Data column, and
+    the node owner's table of only acme's nodes (owner-filtered, still a Table)."""
+    core = client.CoreV1Api(api["alice"])
+    core.create_namespaced_config_map(NS, configmap("py-table"))
+    made = {"py-n-acme": "acme", "py-n-beta": "beta"}
+    for name, owner in made.items():
+        node = {"metadata": {"name": name}, "spec": {"owner": owner, "resource_class": "gpu"}}
+        status, body = cluster.call("admin", "POST", "/api/v1/nodes", node)
+        assert status == 201, body
+    try:
+        answer = table(api["alice"], f"/api/v1/namespaces/{NS}/configmaps")
+        columns = [c["name"] for c in answer["columnDefinitions"]]
+        assert columns == ["Name", "Data", "Age"], answer
+        cells = {row["cells"][0]: row["cells"] for row in answer["rows"]}
+        assert cells["py-table"][1] == 1, answer
+        answer = table(api["nora"], "/api/v1/nodes")
+        columns = [c["name"] for c in answer["columnDefinitions"]]
+        assert columns == ["Name", "Owner", "Resource Class", "Age"], answer
+        owners = {row["cells"][0]: row["cells"][1] for row in answer["rows"]}
+        assert owners == {"py-n-acme": "acme"}, answer
+    finally:
+        core.delete_namespaced_config_map("py-table", NS)
+        for name in made:
+            cluster.call("admin", "DELETE", f"/api/v1/nodes/{name}")

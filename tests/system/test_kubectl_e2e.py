@@ -8,6 +8,15 @@ no, `--list`), `auth whoami`, and isolation as before: another tenant's objects 
 404 and never show in lists. A kubeconfig with the wrong CA fails the TLS handshake;
 an unknown token is 401.
 
+Everyday kubectl (issue 23, the table in docs/kubectl.md): `describe` of a configmap,
+a namespace, a node (as the operator, with the pods on it, and as its owner `nora`)
+and a deployment; `get`'s column headers for servers and nodes (the owner's list
+filtered, still a table); `apply --server-side` twice, a conflict and
+`--force-conflicts`; `diff` (client- and server-side); `set image` and every patch type
+on a two-container Deployment under acme's cpu quota, the charge always what the store
+keeps; DELETE's `Status`; and the commands the store does not serve, each failing with
+the message the docs quote.
+
 The tests skip only where kubectl is absent, never under `CI=true`. The cluster (the
 `cluster` fixture of tests/system/conftest.py, tests/rigs/cluster.py) is shared with the
 Python client's tests (tests/system/test_k8s_client_e2e.py).
@@ -17,10 +26,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -251,6 +263,13 @@ def test_get_all_namespaces_means_the_callers_tenant(kubectl: Kubectl) -> None:
         assert "configmap/beta-wide" in bob.out, bob
         assert "acme-wide" not in bob.out, bob
         assert can_i(kubectl, "alice", "list", "configmaps", "-A")[0] == 0
+        # Both ways: a node owner may list no configmaps, and the review says so.
+        refused = kubectl.run("nora", "get", "configmaps", "-A")
+        assert refused.code != 0, refused
+        assert "configmaps" in refused.err, refused
+        assert can_i(kubectl, "nora", "list", "configmaps", "-A") == (1, "no")
+        assert can_i(kubectl, "vera", "list", "configmaps", "-A") == (0, "yes")
+        assert can_i(kubectl, "vera", "delete", "configmaps", "-A") == (1, "no")
         admin = kubectl.ok("admin", "get", "configmaps", "-A", "-o", "name")
         assert "configmap/acme-wide" in admin, admin
         assert "configmap/beta-wide" in admin, admin
@@ -363,3 +382,449 @@ def test_a_tenant_admin_cannot_act_as_a_user_of_another_tenant(
     result = kubectl.run("bob", "get", "cm", kubeconfig=config)
     assert result.code != 0, result
     assert 'users "alice" is forbidden: User "bob" of tenant "beta"' in result.err, result.err
+
+
+# -- everyday kubectl (issue 23): describe, server-side apply, diff, patches, tables -------
+
+NODES = {"gpu-a1": ("acme", "gpu"), "cpu-a2": ("acme", "cpu"), "gpu-b1": ("beta", "gpu")}
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: ClusterEnv) -> Iterator[dict[str, tuple[str, str]]]:
+    """Bare-metal nodes made by the operator: two of acme's, one of beta's."""
+    for name, (owner, resource_class) in NODES.items():
+        spec = {"owner": owner, "resource_class": resource_class}
+        status, body = cluster.call(
+            "admin", "POST", "/api/v1/nodes", {"metadata": {"name": name}, "spec": spec}
+        )
+        assert status == 201, body
+    yield NODES
+    for name in NODES:
+        cluster.call("admin", "DELETE", f"/api/v1/nodes/{name}")
+
+
+def described(out: str) -> dict[str, str]:
+    """The top-level `Key:  value` lines of a `kubectl describe`."""
+    fields: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key and not key.startswith(" "):
+            fields.setdefault(key, value.strip())
+    return fields
+
+
+def header(out: str) -> list[str]:
+    """The column names of a `kubectl get` table (two spaces or more between them)."""
+    return re.split(r"\s{2,}", out.splitlines()[0].strip())
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    return {
+        cells[0]: cells
+        for line in out.splitlines()[1:]
+        if line.strip()
+        for cells in [re.split(r"\s{2,}", line.strip())]
+    }
+
+
+def millicores(quantity: str) -> int:
+    """A cpu quantity ("500m", "2", "0.5") in millicores; the tests' own reading."""
+    if quantity.endswith("m"):
+        return int(quantity[:-1])
+    return int(float(quantity) * 1000)
+
+
+def cpu_of(deployment: dict[str, Any]) -> int:
+    """What the stored deployment asks for: replicas x its containers' cpu requests."""
+    spec = deployment["spec"]
+    containers = spec["template"]["spec"]["containers"]
+    per_pod = sum(
+        millicores(c.get("resources", {}).get("requests", {}).get("cpu", "0")) for c in containers
+    )
+    return int(spec.get("replicas", 1)) * per_pod
+
+
+def used_cpu(cluster: ClusterEnv) -> int:
+    return millicores(cluster.used("acme", "requests.cpu"))
+
+
+def deployment(name: str, replicas: int = 2, web_image: str = "nginx:1.25") -> dict[str, Any]:
+    """A Deployment of two containers, `web` (500m) and `side` (250m)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "web",
+                            "image": web_image,
+                            "resources": {"requests": {"cpu": "500m"}},
+                        },
+                        {
+                            "name": "side",
+                            "image": "envoy:1.30",
+                            "resources": {"requests": {"cpu": "250m"}},
+                        },
+                    ]
+                },
+            },
+        },
+    }
+
+
+def stored_deployment(cluster: ClusterEnv, name: str) -> dict[str, Any]:
+    status, body = cluster.call(
+        "admin", "GET", f"/apis/apps/v1/tenants/acme/namespaces/{NS}/deployments/{name}"
+    )
+    assert status == 200, body
+    assert isinstance(body, dict)
+    return body
+
+
+def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+def test_describe_configmap(kubectl: Kubectl) -> None:
+    """`describe` lists the object's events with kubectl's field selectors
+    (`involvedObject.name=…,involvedObject.namespace=…,involvedObject.kind=…,
+    involvedObject.uid=…`): the store must accept them."""
+    kubectl.ok("alice", "create", "configmap", "described", "--from-literal=colour=green")
+    try:
+        out = kubectl.ok("alice", "describe", "configmap", "described")
+        fields = described(out)
+        assert fields["Name"] == "described", out
+        assert fields["Namespace"] == NS, out
+        assert fields["Events"] == "<none>", out
+        assert "colour:" in out, out
+        assert "green" in out, out
+    finally:
+        kubectl.run("alice", "delete", "configmap", "described")
+
+
+def test_describe_namespace(kubectl: Kubectl) -> None:
+    out = kubectl.ok("alice", "describe", "namespace", NS)
+    fields = described(out)
+    assert fields["Name"] == NS, out
+    assert "No resource quota." in out, out
+
+
+def test_describe_node_as_the_operator_lists_the_pods_on_it(
+    kubectl: Kubectl, nodes: dict[str, tuple[str, str]]
+) -> None:
+    """`describe node` lists the node's pods across all namespaces
+    (`fieldSelector=spec.nodeName=N,status.phase!=Succeeded,status.phase!=Failed`):
+    a running pod of acme is listed, a finished one is not."""
+    pods = {
+        "runs-on-a1": "Running",
+        "done-on-a1": "Succeeded",
+    }
+    for name, phase in pods.items():
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"nodeName": "gpu-a1", "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": phase},
+        }
+        kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(pod))
+    try:
+        out = kubectl.ok("admin", "describe", "node", "gpu-a1")
+        fields = described(out)
+        assert fields["Name"] == "gpu-a1", out
+        assert fields["Non-terminated Pods"] == "(1 in total)", out
+        listed = out.split("Non-terminated Pods:", 1)[1].split("Allocated resources:", 1)[0]
+        assert "runs-on-a1" in listed, out
+        assert "done-on-a1" not in listed, out
+    finally:
+        for name in pods:
+            kubectl.run("alice", "delete", "pod", name)
+
+
+def test_describe_node_as_its_owner(kubectl: Kubectl, nodes: dict[str, tuple[str, str]]) -> None:
+    """A node owner describes its own node (it may not list pods: kubectl says so and
+    goes on); another tenant's node is NotFound, as if it did not exist."""
+    out = kubectl.ok("nora", "describe", "node", "gpu-a1")
+    fields = described(out)
+    assert fields["Name"] == "gpu-a1", out
+    assert fields["Pods"] == "not authorized", out
+    other = kubectl.run("nora", "describe", "node", "gpu-b1")
+    assert other.code != 0, other
+    assert 'nodes "gpu-b1" not found' in other.err, other
+
+
+def test_describe_deployment_shows_both_containers(kubectl: Kubectl) -> None:
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(deployment("seen")))
+    try:
+        out = kubectl.ok("alice", "describe", "deployment", "seen")
+        fields = described(out)
+        assert fields["Name"] == "seen", out
+        assert fields["Replicas"].startswith("2 desired"), out
+        assert fields["Selector"] == "app=seen", out
+        assert re.search(r"^   web:\n\s+Image:\s+nginx:1.25$", out, re.M), out
+        assert re.search(r"^   side:\n\s+Image:\s+envoy:1.30$", out, re.M), out
+    finally:
+        kubectl.run("alice", "delete", "deployment", "seen")
+
+
+def test_get_servers_and_nodes_print_the_stores_columns(
+    kubectl: Kubectl, nodes: dict[str, tuple[str, str]]
+) -> None:
+    server = {
+        "apiVersion": "compute/v1",
+        "kind": "Server",
+        "metadata": {"name": "web-1"},
+        "spec": {"flavor": "m1.small"},
+        "tags": ["prod", "web"],
+    }
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(server))
+    try:
+        out = kubectl.ok("alice", "get", "servers")
+        assert header(out) == ["NAME", "TAGS", "STATUS", "AGE"], out
+        assert rows(out)["web-1"][1:3] == ["prod,web", "<none>"], out
+        out = kubectl.ok("alice", "get", "servers", "-A")
+        assert header(out) == ["NAMESPACE", "NAME", "TAGS", "STATUS", "AGE"], out
+        assert rows(out)[NS][1] == "web-1", out
+    finally:
+        kubectl.run("alice", "delete", "server", "web-1")
+    out = kubectl.ok("admin", "get", "nodes")
+    assert header(out) == ["NAME", "OWNER", "RESOURCE CLASS", "AGE"], out
+    table = rows(out)
+    for name, (owner, resource_class) in nodes.items():
+        assert table[name][1:3] == [owner, resource_class], out
+    # The node owner's list is filtered to acme's nodes, and is still a table.
+    out = kubectl.ok("nora", "get", "nodes")
+    assert header(out) == ["NAME", "OWNER", "RESOURCE CLASS", "AGE"], out
+    assert set(rows(out)) == {"gpu-a1", "cpu-a2"}, out
+    assert {cells[1] for cells in rows(out).values()} == {"acme"}, out
+
+
+def test_server_side_apply_twice_changes_nothing_the_second_time(
+    kubectl: Kubectl, cluster: ClusterEnv
+) -> None:
+    base = used_cpu(cluster)
+    manifest = json.dumps(deployment("applied"))
+    try:
+        out = kubectl.ok("alice", "apply", "--server-side", "-f", "-", stdin=manifest)
+        assert out.strip() == "deployment.apps/applied serverside-applied", out
+        first = stored_deployment(cluster, "applied")
+        assert used_cpu(cluster) - base == cpu_of(first) == 1500
+        managers = [(m["manager"], m["operation"]) for m in first["metadata"]["managedFields"]]
+        assert managers == [("kubectl", "Apply")], managers
+        out = kubectl.ok("alice", "apply", "--server-side", "-f", "-", stdin=manifest)
+        assert out.strip() == "deployment.apps/applied serverside-applied", out
+        again = stored_deployment(cluster, "applied")
+        assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+        assert again == first
+        assert used_cpu(cluster) - base == 1500
+    finally:
+        kubectl.run("alice", "delete", "deployment", "applied")
+    assert used_cpu(cluster) == base
+
+
+def test_server_side_apply_conflict_and_force(kubectl: Kubectl, cluster: ClusterEnv) -> None:
+    """`kubectl set image` takes the image over (manager `kubectl-set`); applying the
+    old image again is a conflict naming the manager and the field, nothing changes;
+    `--force-conflicts` takes the field back."""
+    manifest = json.dumps(deployment("owned"))
+    kubectl.ok("alice", "apply", "--server-side", "-f", "-", stdin=manifest)
+    try:
+        kubectl.ok("alice", "set", "image", "deployment/owned", "web=nginx:1.27")
+        before = stored_deployment(cluster, "owned")
+        refused = kubectl.run("alice", "apply", "--server-side", "-f", "-", stdin=manifest)
+        assert refused.code != 0, refused
+        assert 'Apply failed with 1 conflict: conflict with "kubectl-set"' in refused.err, refused
+        assert '.spec.template.spec.containers[name="web"].image' in refused.err, refused
+        assert "--force-conflicts" in refused.err, refused  # kubectl's advice
+        assert stored_deployment(cluster, "owned") == before
+        out = kubectl.ok(
+            "alice", "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest
+        )
+        assert out.strip() == "deployment.apps/owned serverside-applied", out
+        after = stored_deployment(cluster, "owned")
+        assert containers(after)["web"]["image"] == "nginx:1.25"
+        assert set(containers(after)) == {"web", "side"}
+        # The field is kubectl's again: a plain apply of the same manifest now agrees.
+        kubectl.ok("alice", "apply", "--server-side", "-f", "-", stdin=manifest)
+        # Another field manager applying a different value conflicts with `kubectl`.
+        other = json.dumps(deployment("owned", web_image="nginx:2"))
+        refused = kubectl.run(
+            "alice", "apply", "--server-side", "--field-manager=ci", "-f", "-", stdin=other
+        )
+        assert refused.code != 0, refused
+        assert 'conflict with "kubectl"' in refused.err, refused
+    finally:
+        kubectl.run("alice", "delete", "deployment", "owned")
+
+
+def test_diff_shows_the_change_and_stores_nothing(kubectl: Kubectl, cluster: ClusterEnv) -> None:
+    """`kubectl diff` (a dry-run patch; `--server-side`: a dry-run apply): no difference
+    exits 0 with no output, a difference exits 1 with the unified diff; nothing is
+    stored or charged. (`kubectl create` made the object, so `.spec.replicas` is
+    `kubectl-create`'s: a server-side diff that changes it needs `--force-conflicts`.)"""
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(deployment("diffed")))
+    base = used_cpu(cluster)
+    try:
+        for flags in ((), ("--server-side", "--force-conflicts")):
+            same = kubectl.run(
+                "alice", "diff", *flags, "-f", "-", stdin=json.dumps(deployment("diffed"))
+            )
+            assert (same.code, same.out) == (0, ""), (flags, same)
+            changed = kubectl.run(
+                "alice", "diff", *flags, "-f", "-", stdin=json.dumps(deployment("diffed", 5))
+            )
+            assert changed.code == 1, (flags, changed)
+            assert "-  replicas: 2" in changed.out, (flags, changed)
+            assert "+  replicas: 5" in changed.out, (flags, changed)
+            assert stored_deployment(cluster, "diffed")["spec"]["replicas"] == 2
+            assert used_cpu(cluster) == base
+    finally:
+        kubectl.run("alice", "delete", "deployment", "diffed")
+
+
+def test_set_image_and_every_patch_type_keep_both_containers_and_the_charge(
+    kubectl: Kubectl, cluster: ClusterEnv
+) -> None:
+    """On a two-container Deployment under acme's cpu quota (8 cpu, QuotaDefaults):
+    `set image` and the strategic merge patch (kubectl's default) merge containers by
+    name, so the other container survives and no patch directive is stored; `--type
+    merge` and `--type json` change what they name. After each, acme's cpu charge is
+    what the stored object asks for."""
+    base = used_cpu(cluster)
+
+    def charged_as_stored() -> dict[str, Any]:
+        obj = stored_deployment(cluster, "shop")
+        assert used_cpu(cluster) - base == cpu_of(obj), obj["spec"]
+        assert "$setElementOrder" not in json.dumps(obj), obj
+        assert "$patch" not in json.dumps(obj), obj
+        return obj
+
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(deployment("shop")))
+    try:
+        assert cpu_of(charged_as_stored()) == 1500  # 2 x (500m + 250m)
+        out = kubectl.ok("alice", "set", "image", "deployment/shop", "web=nginx:1.26")
+        assert out.strip() == "deployment.apps/shop image updated", out
+        obj = charged_as_stored()
+        assert {n: c["image"] for n, c in containers(obj).items()} == {
+            "web": "nginx:1.26",
+            "side": "envoy:1.30",
+        }
+        side_cpu = {"name": "side", "resources": {"requests": {"cpu": "500m"}}}
+        strategic = {"spec": {"template": {"spec": {"containers": [side_cpu]}}}}
+        out = kubectl.ok("alice", "patch", "deployment", "shop", "-p", json.dumps(strategic))
+        assert out.strip() == "deployment.apps/shop patched", out
+        obj = charged_as_stored()
+        assert cpu_of(obj) == 2000  # 2 x (500m + 500m)
+        assert containers(obj)["web"]["image"] == "nginx:1.26"
+        kubectl.ok(
+            "alice",
+            "patch",
+            "deployment",
+            "shop",
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"replicas":3}}',
+        )
+        assert cpu_of(charged_as_stored()) == 3000
+        replace_web = [
+            {
+                "op": "replace",
+                "path": "/spec/template/spec/containers/0/resources/requests/cpu",
+                "value": "1",
+            }
+        ]
+        kubectl.ok(
+            "alice", "patch", "deployment", "shop", "--type", "json", "-p", json.dumps(replace_web)
+        )
+        obj = charged_as_stored()
+        assert cpu_of(obj) == 4500  # 3 x (1 + 500m)
+        assert set(containers(obj)) == {"web", "side"}
+        # Over the quota: refused whatever the patch type, nothing changed or charged.
+        for args in (
+            ("-p", '{"spec":{"replicas":6}}'),
+            ("--type", "merge", "-p", '{"spec":{"replicas":6}}'),
+            ("--type", "json", "-p", '[{"op":"replace","path":"/spec/replicas","value":6}]'),
+        ):
+            refused = kubectl.run("alice", "patch", "deployment", "shop", *args)
+            assert refused.code != 0, refused
+            assert "exceeded quota in tenant acme: requests.cpu" in refused.err, refused
+            assert charged_as_stored() == obj
+    finally:
+        kubectl.run("alice", "delete", "deployment", "shop")
+    assert used_cpu(cluster) == base
+
+
+def test_delete_answers_kubernetes_status(kubectl: Kubectl, cluster: ClusterEnv) -> None:
+    """An immediate DELETE answers a `Status` of success naming the object (kind is the
+    resource plural, as from Kubernetes), through the sidecar unchanged; kubectl prints
+    its usual line, and the charge is returned."""
+    kubectl.ok("alice", "create", "configmap", "doomed")
+    kubectl.ok("alice", "create", "configmap", "doomed-too")
+    uid = kubectl.ok("alice", "get", "configmap", "doomed", "-o", "jsonpath={.metadata.uid}")
+    before = int(cluster.used("acme", "configmaps"))
+    out = kubectl.ok("alice", "delete", "--raw", f"/api/v1/namespaces/{NS}/configmaps/doomed")
+    assert json.loads(out) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": "doomed", "kind": "configmaps", "uid": uid},
+    }
+    out = kubectl.ok("alice", "delete", "configmap", "doomed-too")
+    assert out.strip() == 'configmap "doomed-too" deleted', out
+    assert int(cluster.used("acme", "configmaps")) == before - 2
+    again = kubectl.run("alice", "delete", "configmap", "doomed")
+    assert again.code != 0, again
+    assert 'configmaps "doomed" not found' in again.err, again
+
+
+# (arguments, what kubectl says) for commands the store does not serve (docs/kubectl.md)
+NOT_SERVED: list[tuple[tuple[str, ...], str]] = [
+    (("scale", "deployment", "idle", "--replicas=3"), "deployments have no subresource 'scale'"),
+    (("autoscale", "deployment", "idle", "--max=3"), "could not find scale subresource"),
+    (("logs", "quiet"), "pods have no subresource 'log'"),
+    (("exec", "quiet", "--", "ls"), "pods have no subresource 'exec'"),
+    (("cp", "quiet:/etc/hosts", "hosts"), "pods have no subresource 'exec'"),
+    (
+        ("debug", "quiet", "--image=busybox", "--profile=general"),
+        "ephemeral containers are disabled for this cluster",
+    ),
+    (("top", "pod"), "Metrics API not available"),
+    (("explain", "deployment"), 'couldn\'t find resource for "apps/v1, Kind=Deployment"'),
+    (("create", "token", "default"), "protobuf bodies of kind TokenRequest"),
+]
+
+
+@pytest.fixture(scope="module")
+def idle(kubectl: Kubectl) -> Iterator[None]:
+    """A pod `quiet` and a deployment `idle` (no replicas) in acme's ns1."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "quiet"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(pod))
+    kubectl.ok("alice", "create", "-f", "-", stdin=json.dumps(deployment("idle", replicas=0)))
+    yield
+    kubectl.run("alice", "delete", "pod", "quiet")
+    kubectl.run("alice", "delete", "deployment", "idle")
+
+
+@pytest.mark.parametrize(("args", "says"), NOT_SERVED, ids=[" ".join(a[:2]) for a, _ in NOT_SERVED])
+def test_commands_the_store_does_not_serve_fail_clearly(
+    kubectl: Kubectl, idle: None, args: tuple[str, ...], says: str
+) -> None:
+    """What docs/kubectl.md says does not work, with the message it quotes: exit 1,
+    never a kubectl crash (a 404 without `details` made `kubectl debug` panic)."""
+    result = kubectl.run("alice", *args)
+    assert result.code == 1, result
+    assert says in result.err, result
+    assert "panic" not in result.err, result

@@ -219,3 +219,30 @@ def test_quota_race_refuses_a_malformed_ledger_url(tmp_path: Path) -> None:
     assert "--ledger" in done.stderr
     assert "SERVICE" in done.stderr
     assert "pw-x9" not in done.stderr + done.stdout
+
+
+@pytest.mark.slow
+def test_many_tenants_runs_writes_results_and_stops_everything(tmp_path: Path) -> None:
+    """The many-tenants scenario at 3,000 tenants (its full run is 1,000,000)."""
+    out = tmp_path / "out"
+    done = _run(
+        [
+            *("loadtests/run.py", "many-tenants", "--tenants", "3000", "--seconds", "1"),
+            *("--scale", "0.1", "--out", str(out)),
+        ],
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "scenario: many-tenants" in done.stdout
+    with open(out / "many-tenants.csv") as fh:
+        rows = {r["phase"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"1k", "fill", "after"}
+    # 1,000 tenants, then the fill, then 100 new ones (100/s at --scale 0.1, for 1 s)
+    assert int(rows["fill"]["flood_requests"]) == 3000 - 1000 - 100
+    assert int(rows["1k"]["steady_ok"]) == int(rows["1k"]["steady_requests"]) > 0
+    with open(out / "many-tenants-memory.csv") as fh:
+        memory = list(csv.DictReader(fh))
+    assert memory[-1]["tenants_seen"] == "3000"
+    for name in ("many-tenants-latency.png", "many-tenants-memory.png"):
+        assert (out / name).stat().st_size > 0
+    _assert_all_stopped(out)

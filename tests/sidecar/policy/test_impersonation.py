@@ -59,6 +59,12 @@ metadata: {name: roaming}
 roleRef: {kind: ClusterRole, name: impersonate-anyone}
 subjects: [{kind: User, name: rita, tenant: acme}]
 ---
+# acme's auditors read nodes across tenants: a ClusterRoleBinding names the group.
+kind: ClusterRoleBinding
+metadata: {name: node-auditors}
+roleRef: {kind: ClusterRole, name: everything}
+subjects: [{kind: Group, name: node-auditors, tenant: acme}]
+---
 # A system operator bound in its own tenant only: never into another tenant.
 kind: TenantRoleBinding
 metadata: {name: local-ops, tenant: system}
@@ -280,7 +286,11 @@ def test_only_a_cluster_role_binding_reaches_across_tenants(bundle: PolicyBundle
     assert error is not None
     assert error.code == 403
     assert error.message.startswith('users "alice" is forbidden: User "olga" of tenant "system"')
-    assert decided(bundle, OLGA, ("Impersonate-User", "admin")) is None
+    assert decided(bundle, OLGA, ("Impersonate-User", "ops2")) is None
+    # ... but not a system user a ClusterRoleBinding makes a cluster admin.
+    escalation = decided(bundle, OLGA, ("Impersonate-User", "admin"))
+    assert escalation is not None
+    assert "ClusterRoleBinding admins names user 'admin'" in escalation.message
 
 
 # -- PolicyTest cases -----------------------------------------------------------------------
@@ -306,3 +316,25 @@ def test_a_case_is_read_as_the_headers_kubectl_sends() -> None:
         case_headers({"user": "vera", "as": "x"})
     with pytest.raises(ValueError, match="list of strings"):
         case_headers({"user": "vera", "groups": [1]})
+
+
+def test_a_subject_bound_cluster_wide_takes_a_cluster_wide_grant(bundle: PolicyBundle) -> None:
+    """Found by a hostile review: alice, an admin of acme by a TenantRoleBinding, got
+    the cross-tenant grants of acme's group `node-auditors` (and of rita) by
+    impersonating it. A subject a ClusterRoleBinding names is impersonated only under a
+    cluster-wide grant."""
+    for headers in (
+        (("Impersonate-User", "vera"), ("Impersonate-Group", "node-auditors")),
+        (("Impersonate-User", "rita"),),
+    ):
+        refused = decided(bundle, ALICE, *headers)
+        assert refused is not None
+        assert "only a cluster-wide grant may impersonate it" in refused.message
+    # The cluster admin may; and alice may still become acme's other users and groups.
+    assert (
+        decided(bundle, ADMIN, ("Impersonate-User", "rita"), ("Impersonate-Extra-Tenant", "acme"))
+        is None
+    )
+    assert (
+        decided(bundle, ALICE, ("Impersonate-User", "vera"), ("Impersonate-Group", "devs")) is None
+    )

@@ -48,7 +48,7 @@ CASES: list[tuple[Identity, str, str, Any, Any, str, bool, str]] = [
      "isolation"),
     (DEV, "DELETE", "/api/v1/tenants/beta", None, NO_BODY, "notfound", False, "isolation"),
     # The cluster level: every list across tenants, every cluster-scoped object.
-    (DEV, "GET", "/api/v1/pods", None, NO_BODY, "notfound", False, "isolation"),
+    (DEV, "DELETE", "/api/v1/pods", None, NO_BODY, "notfound", False, "isolation"),
     (OWNER, "GET", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}}, NO_BODY, "notfound", False,
      "concealment"),
     (OWNER, "PUT", "/api/v1/nodes/n1/power", None, NO_BODY, "notfound", False, "concealment"),

@@ -465,10 +465,12 @@ async def test_unsettled_reservations_are_listed_until_settled(
     made = ObjectRef("acme", "dev", "servers", "web")
     r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
     assert await ledger.unsettled("acme") == []
-    await ledger.mark_unsettled(r, made)
-    [(listed, obj)] = await ledger.unsettled("acme")
+    await ledger.mark_unsettled(r, made, fake_clock() + 5)
+    [(listed, obj, release_after)] = await ledger.unsettled("acme")
     assert (listed.id, listed.charge, obj) == (r.id, {"servers": 1}, made)
     assert abs(listed.created - r.created) < 1
+    # The time from which a 404 may release it travels with the mark.
+    assert release_after == fake_clock() + 5
     # Still counted while unsettled.
     assert (await ledger.usage("acme")).get_in_progress("dev", "servers") == 1
     await ledger.commit(listed, "web", "servers")
@@ -485,3 +487,74 @@ async def test_unsettled_reservations_are_listed_until_settled(
     assert await ledger.unsettled("acme") == []
     u = await ledger.usage("acme")
     assert (u.get_used("", "servers"), u.get_in_progress("", "servers")) == (1, 0)
+
+
+async def test_a_mark_without_a_release_time_releases_when_the_reservation_expires(
+    ledger: Ledger, fake_clock: FakeClock
+) -> None:
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {"servers": 5}, {}, rid())
+    await ledger.mark_unsettled(r, ObjectRef("acme", "dev", "servers", "web"))
+    [(_, _, release_after)] = await ledger.unsettled("acme")
+    assert abs(release_after - (r.created + ledger.ttl)) < 1
+
+
+async def test_a_delete_made_again_later_takes_no_charge_of_an_object_made_since(
+    ledger: Ledger, fake_clock: FakeClock
+) -> None:
+    """A delete whose answer was lost is made again once the ledger answers, at the time
+    it happened: by then the same name may hold another object, whose charge stays."""
+    obj = ObjectRef("acme", "dev", "servers", "web")
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    await ledger.commit(r, "web", "servers")
+    deleted_at = fake_clock()
+    fake_clock.advance(5)
+    # The first attempt may have run after all: the repeat returns nothing more.
+    assert await ledger.delete(obj, deleted_at) == {"servers": 1}
+    assert await ledger.delete(obj, deleted_at) is None
+    assert (await ledger.usage("acme")).get_used("", "servers") == 0
+    # Made again, and deleted again with the ledger failing: before the delete is
+    # recorded, an object of the same name is made a third time. Its commit replaces
+    # the record left over (the count stays right, with the new object's charge)…
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    assert await ledger.commit(r, "web", "servers") is True
+    deleted_at = fake_clock()
+    fake_clock.advance(5)
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    assert await ledger.commit(r, "web", "servers", {"servers": 1, "requests.cpu": 500}) is True
+    assert await ledger.commit(r, "web", "servers") is False
+    u = await ledger.usage("acme")
+    assert (u.get_used("dev", "servers"), u.get_used("", "requests.cpu")) == (1, 500)
+    # …and the delete, recorded at last, leaves the new object's charge alone.
+    fake_clock.advance(5)
+    assert await ledger.delete(obj, deleted_at) is None
+    u = await ledger.usage("acme")
+    assert (u.get_used("dev", "servers"), u.get_used("", "requests.cpu")) == (1, 500)
+    # Deleted now: its charge comes back.
+    assert await ledger.delete(obj) == {"servers": 1, "requests.cpu": 500}
+    assert (await ledger.usage("acme")).get_used("", "servers") == 0
+
+
+async def test_a_scope_delete_made_again_later_keeps_objects_made_since(
+    ledger: Ledger, fake_clock: FakeClock
+) -> None:
+    for name in ("a", "b"):
+        r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+        await ledger.commit(r, name, "servers")
+    r = await ledger.reserve("acme", "prod", {"servers": 1}, {}, {}, rid())
+    await ledger.commit(r, "c", "servers")
+    deleted_at = fake_clock()
+    fake_clock.advance(5)
+    # The namespace is made again and holds a new object before the delete is recorded.
+    r = await ledger.reserve("acme", "dev", {"servers": 1}, {}, {}, rid())
+    await ledger.commit(r, "a", "servers")
+    assert await ledger.delete_scope("acme", "dev", deleted_at) == 1
+    assert await ledger.delete_scope("acme", "dev", deleted_at) == 0
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_used("dev", "servers")) == (2, 1)
+    assert u.get_used("prod", "servers") == 1
+    # The tenant: everything recorded before its delete goes.
+    assert await ledger.delete_scope("acme", None, deleted_at) == 1
+    u = await ledger.usage("acme")
+    assert (u.get_used("", "servers"), u.get_used("dev", "servers")) == (1, 1)
+    assert await ledger.delete_scope("acme", None) == 1
+    assert (await ledger.usage("acme")).get_used("", "servers") == 0

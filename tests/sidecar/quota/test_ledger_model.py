@@ -64,6 +64,9 @@ class Model:
     api: dict[str, dict[str, int]] = field(default_factory=dict)
     reservations: dict[str, ModelRes] = field(default_factory=dict)
     objects: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    # When each object was recorded: a commit under a reservation made later is of
+    # another object of that name (the earlier one's delete not recorded) and replaces it.
+    recorded: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def purge(self, now: float) -> None:
         for rid in [r for r, v in self.reservations.items() if v.expires <= now]:
@@ -201,9 +204,10 @@ class LedgerMachine(RuleBasedStateMachine):
         if live is not None and live.state == "pending":
             live.state = "committed"
         key = (r.namespace, name)
-        assert created == (key not in m.objects)
+        assert created == (key not in m.objects or m.recorded[key] < r.created)
         if created:
             m.objects[key] = dict(r.charge)
+            m.recorded[key] = now
         return ObjectRef(TENANT, r.namespace, "servers", name)
 
     @rule(r=consumes(reservations))
@@ -217,19 +221,28 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(r=reservations)
     def retry_commit(self, r: Reservation | None) -> None:
-        """A replayed commit of a reservation already handed out never double-counts."""
+        """A replayed commit of a reservation already handed out never double-counts:
+        of an object recorded since the reservation was made it changes nothing; one
+        recorded before is replaced (its count stays)."""
         if r is None or not self.model.objects:
             return
+        m = self.model
         before = self.run(self.ledger.usage(TENANT)).used
-        for ns, name in list(self.model.objects):
-            if ns == r.namespace:
-                assert self.run(self.ledger.commit(r, name, "servers")) is False
-                live = self.model.reservations.get(r.id)
+        for key in list(m.objects):
+            if key[0] == r.namespace:
+                replaced = m.recorded[key] < r.created
+                assert self.run(self.ledger.commit(r, key[1], "servers")) is replaced
+                live = m.reservations.get(r.id)
                 if live is not None and live.state == "pending" and live.expires > self.clock():
                     live.state = "committed"
+                if replaced:
+                    m.objects[key] = dict(r.charge)
+                    m.recorded[key] = self.clock()
                 break
         after = self.run(self.ledger.usage(TENANT)).used
-        assert after == before
+        assert {s: c.get("servers") for s, c in after.items()} == {
+            s: c.get("servers") for s, c in before.items()
+        }
 
     @rule(seconds=st.sampled_from([1.0, TTL / 2, TTL]))
     def tick(self, seconds: float) -> None:
@@ -242,6 +255,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         got = self.run(self.ledger.delete(obj))
         expected = self.model.objects.pop((obj.namespace, obj.name), None)
+        self.model.recorded.pop((obj.namespace, obj.name), None)
         assert got == expected
 
     @rule(scope=st.sampled_from(["", "a", "b"]), value=st.one_of(st.none(), st.integers(0, 6)))
@@ -272,6 +286,7 @@ class LedgerMachine(RuleBasedStateMachine):
         listing = {ObjectRef(TENANT, ns, "servers", n): c for (ns, n), c in truth.items()}
         self.run(self.ledger.reconcile_set(TENANT, ["servers"], listing, self.clock()))
         m.objects = truth
+        m.recorded = {k: m.recorded.get(k, self.clock()) for k in truth}
 
     @invariant()
     def matches_model(self) -> None:

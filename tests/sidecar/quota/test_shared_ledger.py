@@ -297,8 +297,9 @@ async def test_reconcile_settles_creates_left_unsettled(
     tmp_path: Path, store: processes.Proc, http: aiohttp.ClientSession
 ) -> None:
     """Reservations marked unsettled (a create cut at a shutdown, say) are read back by
-    `sidecar quota reconcile`: the one the store made is charged as stored, the other
-    released; both leave in_progress."""
+    `sidecar quota reconcile`: the one the store made is charged as stored, one not
+    made whose settling window has passed is released; one not made whose window is
+    still open (the upstream may still make it) stays in progress, marked."""
     from sidecar.quota.ledger import ObjectRef
     from sidecar.quota.sqlite import SqliteLedger
 
@@ -315,12 +316,15 @@ async def test_reconcile_settles_creates_left_unsettled(
     db = tmp_path / "ledger.db"
     ledger = SqliteLedger(str(db), 300)
     try:
-        for name in ("made", "never"):
+        now = ledger.clock()
+        for name, release_after in (("made", now + 60), ("never", now - 1), ("late", now + 60)):
             reservation = await ledger.reserve(
                 "acme", "default", {"servers": 1}, {}, {}, new_reservation_id()
             )
-            await ledger.mark_unsettled(reservation, ObjectRef("acme", "default", "servers", name))
-        assert (await ledger.usage("acme")).get_in_progress("", "servers") == 2
+            await ledger.mark_unsettled(
+                reservation, ObjectRef("acme", "default", "servers", name), release_after
+            )
+        assert (await ledger.usage("acme")).get_in_progress("", "servers") == 3
     finally:
         await ledger.close()
     config = base_config(tmp_path, store.url, 10, f"sqlite:///{db}")
@@ -330,9 +334,10 @@ async def test_reconcile_settles_creates_left_unsettled(
     ledger = SqliteLedger(str(db), 300)
     try:
         usage = await ledger.usage("acme")
-        assert usage.get_in_progress("", "servers") == 0
+        assert usage.get_in_progress("", "servers") == 1
         assert usage.get_used("", "servers") == 1
         assert usage.get_used("", "requests.cpu") == 300  # as stored
-        assert await ledger.unsettled("acme") == []
+        [(_, left, _)] = await ledger.unsettled("acme")
+        assert left.name == "late"
     finally:
         await ledger.close()

@@ -117,6 +117,8 @@ async def start(tmp: Path, upstream: str, **extra: Any) -> TestServer:
         "audit": {"path": str(tmp / "audit.log")},
         "reload": {"enabled": False},
         "limits": {"upstreamReadTimeout": 1.0},
+        # A create the store did not make is released this soon after its exchange.
+        "quota": {"settleAfterSeconds": 0.5},
     }
     raw.update(extra)
     config = load_config(processes.write_config(tmp, raw), env={})
@@ -479,7 +481,7 @@ async def test_a_request_cancelled_while_forwarded_stays_in_progress(tmp_path: P
             return bool(await ledger.unsettled("acme"))
 
         await eventually(marked, what="the reservation is marked unsettled")
-        [(reservation, obj)] = await ledger.unsettled("acme")
+        [(reservation, obj, _)] = await ledger.unsettled("acme")
         assert obj == ObjectRef("acme", "dev", "servers", "c")
         assert reservation.charge == {"servers": 1}
         # The store cannot be reached: it stays in progress (never released blindly).

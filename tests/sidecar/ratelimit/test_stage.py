@@ -386,18 +386,20 @@ async def test_watch_limit_applies_without_rate_limit_documents(
     assert {r.status for r in await asyncio.gather(*watches)} == {200}
 
 
-async def test_dry_run_watches_count_would_limit(make_client: MakeClient) -> None:
+async def test_dry_run_never_relaxes_the_watch_cap(make_client: MakeClient) -> None:
+    """Found by a hostile review: a dry-run tenant's watches beyond `maxWatches` filled
+    the shared watch pool. The cap keeps other tenants' share, so no mode relaxes it."""
     rig = Rig(policy("kind: RateLimit\nspec: {maxWatches: 1}\n"), {"mode": "dry-run"})
     client = await make_client(rig)
     rig.upstream.gate = asyncio.Event()
-    tasks = [
-        asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
-        for _ in range(3)
-    ]
-    await rig.upstream.wait_entered(3)
+    first = asyncio.create_task(client.get(PODS + "?watch=true", headers=auth("alice")))
+    await rig.upstream.wait_entered(1)
+    refused = [(await client.get(PODS + "?watch=true", headers=auth("alice"))) for _ in range(2)]
+    assert [r.status for r in refused] == [429, 429]
     rig.upstream.gate.set()
-    assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 3
-    assert rig.count("acme", "watches", "would_limit") == 2
+    assert (await first).status == 200
+    assert rig.count("acme", "watches", "limited") == 2
+    assert rig.count("acme", "watches", "would_limit") == 0
     assert rig.limiter.watches.counts == {}
 
 
@@ -431,18 +433,21 @@ async def test_per_tenant_dry_run(make_client: MakeClient) -> None:
     assert rig.count("beta", "local", "limited") == 2
 
 
-async def test_dry_run_inflight_counts_would_limit(make_client: MakeClient) -> None:
+async def test_dry_run_never_relaxes_the_inflight_cap(make_client: MakeClient) -> None:
+    """`maxInFlight` keeps a tenant's share of the upstream pool: held in dry-run too,
+    while its token buckets are relaxed (would_limit)."""
     rig = Rig(
         policy("kind: RateLimit\nspec: {rate: 1000, burst: 1000, maxInFlight: 1}\n"),
         {"mode": "dry-run"},
     )
     client = await make_client(rig)
     rig.upstream.gate = asyncio.Event()
-    tasks = [asyncio.create_task(client.get(PODS, headers=auth("alice"))) for _ in range(3)]
-    await rig.upstream.wait_entered(3)
+    first = asyncio.create_task(client.get(PODS, headers=auth("alice")))
+    await rig.upstream.wait_entered(1)
+    assert [(await client.get(PODS, headers=auth("alice"))).status for _ in range(2)] == [429] * 2
     rig.upstream.gate.set()
-    assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 3
-    assert rig.count("acme", "inflight", "would_limit") == 2
+    assert (await first).status == 200
+    assert rig.count("acme", "inflight", "limited") == 2
     assert rig.limiter.inflight.counts == {}
 
 
