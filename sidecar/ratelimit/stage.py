@@ -17,8 +17,9 @@ no credentials at all is charged to its client address's bucket before any other
 work. A request with credentials is never limited by the address (many tenants share
 one address behind a load balancer); only when it is refused before its caller is
 known (its authentication FAILS, its target is malformed) is the refusal charged to
-the address, and once the address's budget is spent such refusals are answered 429. Both refusals carry the audit note `ANONYMOUS_REFUSAL`:
-an address's flood of them is one audit record a second (sidecar/audit.py).
+the address, and once the address's budget is spent such refusals are answered 429.
+Both refusals carry the audit note `ANONYMOUS_REFUSAL`: an address's flood of them is
+one audit record a second (sidecar/audit.py).
 """
 
 from __future__ import annotations

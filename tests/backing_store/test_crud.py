@@ -393,7 +393,9 @@ async def test_watch_path_form_ends_at_timeout(client: Client) -> None:
 async def test_a_watch_with_no_events_ends_when_its_client_leaves(client: Client) -> None:
     """Found by a hostile review: a watch that never gets an event held its handler and
     its place in the hub forever after its client had gone."""
-    hub = client.server.app[HUB_KEY]
+    app = client.app
+    assert app is not None
+    hub = app[HUB_KEY]
     resp = await client.get(SERVERS, params={"watch": "true", "labelSelector": "never=x"})
     assert resp.status == 200
     assert len(hub.watchers) == 1
