@@ -222,9 +222,9 @@ class _Pool:
         job = _Job(body, max_json_bytes)
         try:
             done = self.executor.submit(slot.run, job)
-        except BaseException:
+        except RuntimeError:  # the pool was stopped (the sidecar is shutting down)
             self._release(tenant, slot)
-            raise
+            raise _WorkerGone from None
         # The slot is free again when its thread is done, not when this caller stops
         # waiting: a slot is never given to two threads at once.
         done.add_done_callback(lambda _: self._release_soon(tenant, slot))

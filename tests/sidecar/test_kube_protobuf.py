@@ -1072,6 +1072,9 @@ def gates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_worker: Any) ->
     return where
 
 
+HANG_GUARD_SECONDS = 30  # not a timing assertion: a regression fails instead of hanging
+
+
 def _start(tenant: str, name: str) -> asyncio.Task[Any]:
     return asyncio.create_task(transcode_request(large(name), LIMIT, tenant), name=name)
 
@@ -1131,14 +1134,19 @@ async def test_waiting_never_uses_the_default_executor(gates: Path) -> None:
         timeout=10,  # a hang guard: they run at once
     )
     assert len(ran) == 64
-    left = set(names)
-    while left:  # in whatever order they reach the worker
-        opened = await eventually(
-            lambda: [name for name in left if gated_worker.open_gate(gates, name)],
-            what=f"one of {sorted(left)} in a worker",
-        )
-        left -= set(opened)
+    await _enter_all(gates, names)
     await asyncio.gather(*tasks)
+
+
+async def _enter_all(gates: Path, names: list[str]) -> None:
+    """Let every body of `names` answer, in whatever order they reach a worker."""
+    left = set(names)
+
+    def open_some() -> set[str]:
+        return {name for name in left if gated_worker.open_gate(gates, name)}
+
+    while left:
+        left -= await eventually(open_some, what=f"one of {sorted(left)} in a worker")
 
 
 async def test_a_body_that_waits_too_long_is_429(
@@ -1148,7 +1156,9 @@ async def test_a_body_that_waits_too_long_is_429(
     gated_worker.make_gates(gates, ["b1", "b2", "a1"])
     first, second = _start("beta", "b1"), _start("beta", "b2")
     with pytest.raises(StatusError) as caught:
-        await second  # b1 holds beta's share and is never let through meanwhile
+        # b1 holds beta's share and is never let through meanwhile (hang guard: the
+        # old code never gave up)
+        await asyncio.wait_for(second, HANG_GUARD_SECONDS)
     assert caught.value.code == 429
     assert caught.value.headers["Retry-After"] == "1"
     assert caught.value.details == {"retryAfterSeconds": 1}
@@ -1178,8 +1188,9 @@ async def test_a_conversion_that_takes_too_long_is_503_and_its_worker_replaced(
     await task
     [pid] = offload.worker_pids()
     monkeypatch.setattr(offload, "CONVERT_TIMEOUT_SECONDS", 0.2)
+    stuck = transcode_request(large("stuck"), LIMIT, "acme")  # its gate never opens
     with pytest.raises(StatusError) as caught:
-        await transcode_request(large("stuck"), LIMIT, "acme")  # its gate never opens
+        await asyncio.wait_for(stuck, HANG_GUARD_SECONDS)
     assert caught.value.code == 503
     assert caught.value.headers["Retry-After"] == "1"
     assert "took more than" in caught.value.message

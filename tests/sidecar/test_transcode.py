@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 
+from sidecar.context import Identity, RequestContext
 from sidecar.kube_protobuf import KINDS, MEDIA_TYPE, transcode
+from sidecar.transcode import caller_tenant
 from tests.rigs import paths
 from tests.rigs.protobuf import entry, envelope, finalizer_bomb, ld, meta, pod_body
 from tests.rigs.stack import ADMIN, ALICE, BOB, CONFIGMAPS, Env, running_env
@@ -282,3 +286,21 @@ async def test_replicas_zero_survives_the_trip(env: Env) -> None:
     )
     assert status == 201, body
     assert body["spec"]["replicas"] == 0
+
+
+def test_a_body_takes_the_share_of_the_tenant_that_sent_it() -> None:
+    """The protobuf workers are shared per tenant as the rate limit counts: by the
+    caller's tenant, not by a tenant it impersonates (an operator impersonating an acme
+    user spends the operator tenant's share, never acme's)."""
+    ctx = RequestContext(
+        request=make_mocked_request("POST", "/x"),
+        request_id="req-1",
+        policy=cast(Any, SimpleNamespace(revision="rev-0")),
+        max_body_bytes=10,
+    )
+    assert caller_tenant(ctx) == ""  # no identity (never past the identity stage)
+    operator = Identity("admin", "system", (), "static-token")
+    ctx.identity = operator
+    assert caller_tenant(ctx) == "system"
+    ctx.identity = Identity("alice", "acme", (), "static-token", impersonated_by=operator)
+    assert caller_tenant(ctx) == "system"
