@@ -34,6 +34,7 @@ from aiohttp import web
 
 from sidecar.target import (
     DEFAULT_TENANT,
+    RESERVED_TENANTS,
     SYSTEM_TENANT,
     RequestTarget,
     Scope,
@@ -79,7 +80,6 @@ from .watch import Hub, Render, event_line
 
 log = logging.getLogger("backing_store")
 
-RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
 INITIAL_NAMESPACES = (DEFAULT_TENANT, SYSTEM_TENANT)
 STORE_KEY = web.AppKey("store", Store)
 HUB_KEY = web.AppKey("hub", Hub)

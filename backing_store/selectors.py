@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sidecar.target import SelectorError, field_terms
+
 from .errors import bad_request
 from .storage import Clause
 
@@ -293,69 +295,15 @@ def from_query(query: Mapping[str, str], plural: str) -> Selector:
 def parse_field_selector(text: str, plural: str) -> tuple[FieldTerm, ...]:
     table = selectable(plural)
     terms: list[FieldTerm] = []
-    for raw in _split_unescaped(text, ","):
-        if not raw:
-            continue
-        for op in ("!=", "==", "="):
-            at = _find_unescaped(raw, op)
-            if at >= 0:
-                break
-        else:
-            raise bad_request(f"invalid field selector {text!r}: can't understand {raw!r}")
-        name, value = raw[:at], _unescape(raw[at + len(op) :], text)
-        reader = table.fields.get(name)
-        if reader is None:
-            raise bad_request(table.refusal.format(label=name))
-        terms.append(FieldTerm(name, op != "!=", value, reader))
+    try:
+        for name, op, value in field_terms(text):
+            reader = table.fields.get(name)
+            if reader is None:
+                raise bad_request(table.refusal.format(label=name))
+            terms.append(FieldTerm(name, op != "!=", value, reader))
+    except SelectorError as exc:
+        raise bad_request(f"invalid field selector {text!r}: {exc}") from None
     return tuple(terms)
-
-
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    parts, current, i = [], [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and i + 1 < len(text):
-            current.append(text[i : i + 2])
-            i += 2
-            continue
-        if c == sep:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(c)
-        i += 1
-    parts.append("".join(current))
-    return parts
-
-
-def _find_unescaped(term: str, op: str) -> int:
-    i = 0
-    while i < len(term):
-        if term[i] == "\\":
-            i += 2
-            continue
-        if term.startswith(op, i):
-            return i
-        i += 1
-    return -1
-
-
-def _unescape(value: str, text: str) -> str:
-    out, i = [], 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\":
-            nxt = value[i + 1 : i + 2]
-            if nxt not in ("\\", ",", "="):
-                raise bad_request(f"invalid field selector {text!r}: bad escape in {value!r}")
-            out.append(nxt)
-            i += 2
-            continue
-        if c in ",=":
-            raise bad_request(f"invalid field selector {text!r}: unescaped {c!r} in {value!r}")
-        out.append(c)
-        i += 1
-    return "".join(out)
 
 
 # -- labelSelector ---------------------------------------------------------------------

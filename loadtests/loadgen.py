@@ -195,7 +195,7 @@ def _run_group(group: list[Stream], t0: float, queue: multiprocessing.Queue[list
     queue.put(asyncio.run(open_loop(group, t0=t0)))
 
 
-class _Exchange(asyncio.Protocol):
+class Exchange(asyncio.Protocol):
     """One keep-alive connection to one host: one request at a time, its answer
     parsed by httptools. `ask` sends a request and returns a future of
     (status, Retry-After, body); a connection that breaks fails it with ConnectionError."""
@@ -270,19 +270,19 @@ async def open_loop_lean(streams: list[Stream], t0: float | None = None) -> list
     one when none is idle (as aiohttp's unlimited connector does); answers read whole."""
     loop = asyncio.get_running_loop()
     out: list[Record] = []
-    idle: dict[tuple[str, int], list[_Exchange]] = {}
+    idle: dict[tuple[str, int], list[Exchange]] = {}
     t0 = time.perf_counter() if t0 is None else t0
 
     async def one(spec: RequestSpec, stream: str, phase: str) -> None:
         sent = time.perf_counter()
         address, request = _request_bytes(spec)
         status, retry, err, data = 0, "", "", b""
-        conn: _Exchange | None = None
+        conn: Exchange | None = None
         try:
             conn = take_idle(address)
             try:
                 if conn is None:
-                    _, conn = await loop.create_connection(_Exchange, *address)
+                    _, conn = await loop.create_connection(Exchange, *address)
                     reused = False
                 else:
                     reused = True
@@ -295,7 +295,7 @@ async def open_loop_lean(streams: list[Stream], t0: float | None = None) -> list
                 conn.reusable = False
                 if conn.transport is not None:
                     conn.transport.close()
-                _, conn = await loop.create_connection(_Exchange, *address)
+                _, conn = await loop.create_connection(Exchange, *address)
                 status, retry, data = await asyncio.wait_for(conn.ask(request), 30)
         except Exception as exc:  # every request gets its record, answered or not
             err = type(exc).__name__
@@ -310,7 +310,7 @@ async def open_loop_lean(streams: list[Stream], t0: float | None = None) -> list
             Record(sent - t0, stream, phase, status, (done - sent) * 1000, retry, err, reason)
         )
 
-    def take_idle(address: tuple[str, int]) -> _Exchange | None:
+    def take_idle(address: tuple[str, int]) -> Exchange | None:
         """An idle connection the server has not closed (a server closes idle
         keep-alive connections after its timeout, as the sidecar does)."""
         free = idle.get(address)

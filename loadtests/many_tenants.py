@@ -25,8 +25,8 @@ costs the client one formatted string, where a JWT or a static token per tenant 
 cost a signature or a token file a million lines long. Flood tenants have no role
 binding: each request is charged to its own tenant's bucket and then refused (403)
 without an upstream call, as a flood of made-up tenants would be. The flood's client
-writes requests as bytes and parses answers with httptools, in a process of its own,
-as does the steady tenant's client (aiohttp).
+writes requests as bytes on `loadgen.Exchange` connections (answers parsed by
+httptools), in a process of its own, as does the steady tenant's client (aiohttp).
 """
 
 from __future__ import annotations
@@ -40,12 +40,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-import httptools
+from typing import TYPE_CHECKING, Any
 
 from loadtests import report
-from loadtests.loadgen import Record, Stream, open_loop
+from loadtests.loadgen import Exchange, Record, Stream, open_loop
 from loadtests.report import percentile
 from loadtests.stack import (
     Proc,
@@ -78,41 +76,6 @@ class FloodResult:
     latency_sample: list[float] = field(default_factory=list)
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection, one request at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[int] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(ConnectionError(f"bad answer: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError("connection closed"))
-
-    def _fail(self, exc: Exception) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
-
-    def on_message_complete(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(self.parser.get_status_code())
-
-    def ask(self, request: bytes) -> asyncio.Future[int]:
-        assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return self.waiter
-
-
 async def flood(
     host: str,
     port: int,
@@ -133,7 +96,7 @@ async def flood(
     head = f"Host: {host}:{port}\r\nX-Remote-User: flood\r\nX-Remote-Group: {FLOOD_GROUP}\r\n"
 
     async def worker() -> None:
-        conn: _Conn | None = None
+        conn: Exchange | None = None
         while True:
             i = next(counter)
             if i >= count:
@@ -149,14 +112,18 @@ async def flood(
             sent = time.perf_counter()
             try:
                 if conn is None:
-                    _, conn = await loop.create_connection(_Conn, host, port)
-                status = await asyncio.wait_for(conn.ask(request), 30)
+                    _, conn = await loop.create_connection(Exchange, host, port)
+                status, _retry, _body = await asyncio.wait_for(conn.ask(request), 30)
             except (OSError, ConnectionError, TimeoutError):
                 result.errors += 1
                 if conn is not None and conn.transport is not None:
                     conn.transport.close()
                 conn = None
                 continue
+            if not conn.reusable:  # the server closes it after this answer
+                if conn.transport is not None:
+                    conn.transport.close()
+                conn = None
             result.statuses[status] += 1
             if not i % 16:
                 result.latency_sample.append((time.perf_counter() - sent) * 1000)

@@ -10,14 +10,9 @@ test can check that nothing outlived the run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -26,53 +21,21 @@ from typing import Any
 
 import yaml
 
+from sidecar import launch
+from sidecar.launch import free_port as free_port  # the loadtests' name for it
+
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+Proc = launch.Process
+# Stop: SIGTERM, then after this many seconds SIGKILL to the process group.
+STOP_TIMEOUT = 8.0
+READY_TIMEOUT = 20.0
 
 
 def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    config: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 8.0) -> None:
-        """SIGTERM (a sidecar with workers forwards it and waits for them); if the
-        process has not exited after `timeout`, SIGKILL its whole process group (it
-        leads its own session, so forked workers go too)."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
 
 
 def http(
@@ -99,9 +62,19 @@ def http(
         return status, raw.decode(errors="replace")
 
 
+def _ok(status: int) -> bool:
+    return status == 200
+
+
+def _env() -> dict[str, str]:
+    """The children import this checkout's packages (and `loadtests`)."""
+    return {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
 @dataclass
 class Stack:
-    """The processes of one run, under one work directory."""
+    """The processes of one run, under one work directory (started through
+    `sidecar.launch`)."""
 
     work: Path
     procs: list[Proc] = field(default_factory=list)
@@ -116,59 +89,24 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _spawn(self, name: str, args: list[str], port: int) -> Proc:
-        log_path = self.work / f"{name}.log"
-        env = dict(os.environ)
-        env.pop("PYTHONWARNINGS", None)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        with open(log_path, "ab") as out:
-            popen = subprocess.Popen(
-                args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=str(ROOT),
-                env=env,
-                start_new_session=True,
-            )
-        proc = Proc(name, popen, port, log_path)
+    def _track(self, proc: Proc) -> Proc:
         self.procs.append(proc)
-        self.started.append({"name": name, "pid": popen.pid, "port": port})
+        self.started.append({"name": proc.name, "pid": proc.pid, "port": proc.port})
         (self.work / "processes.json").write_text(json.dumps(self.started, indent=1))
         return proc
 
-    def wait_ready(self, proc: Proc, path: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{proc.name} exited with {proc.proc.returncode}:\n{proc.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(proc.url + path, timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.HTTPError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{proc.name} not ready on {path} after {timeout}s:\n{proc.log_tail()}")
-
     def start_store(self, name: str = "store") -> Proc:
-        port = free_port()
-        db = self.work / f"{name}.db"
-        args = [
-            sys.executable,
-            "-m",
-            "backing_store",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--db",
-            str(db),
-        ]
-        proc = self._spawn(name, args, port)
-        self.wait_ready(proc, "/healthz")
-        return proc
+        return self._track(
+            launch.start_store(
+                self.work,
+                self.work / f"{name}.db",
+                name=name,
+                log_path=self.work / f"{name}.log",
+                env=_env(),
+                cwd=ROOT,
+                timeout=READY_TIMEOUT,
+            )
+        )
 
     def start_sidecar(
         self,
@@ -177,42 +115,47 @@ class Stack:
         workers: int = 1,
         wrapper: list[str] | None = None,
     ) -> Proc:
-        """`sidecar serve --config` on a free port; `wrapper` prefixes the python
-        command line (e.g. `-m cProfile -o FILE`)."""
-        port = free_port()
+        """`sidecar serve --config` on a free port, ready once `/readyz` answers 200;
+        `wrapper` prefixes the python command line (e.g. `-m cProfile -o FILE`)."""
         cfg = dict(config)
-        cfg["listen"] = f"127.0.0.1:{port}"
-        cfg.setdefault("audit", {"path": str(self.work / f"{name}-audit.log")})
         limits = dict(cfg.get("limits") or {})
         limits.setdefault("shutdownGraceSeconds", 1)
         cfg["limits"] = limits
-        path = self.work / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        args = [
-            sys.executable,
-            *(wrapper or []),
-            "-m",
-            "sidecar.cli",
-            "serve",
-            "--config",
-            str(path),
-            "--log-level",
-            "WARNING",
-        ]
+        args = ["--log-level", "WARNING"]
         if workers > 1:
             args += ["--workers", str(workers)]
-        proc = self._spawn(name, args, port)
-        proc.config = path
-        self.wait_ready(proc, "/readyz")
-        return proc
+        return self._track(
+            launch.start_sidecar(
+                self.work,
+                cfg,
+                name=name,
+                stem="{name}",
+                args=args,
+                wrapper=wrapper or (),
+                env=_env(),
+                cwd=ROOT,
+                ready_path="/readyz",
+                accept=_ok,
+                timeout=READY_TIMEOUT,
+            )
+        )
 
     def start_command(
         self, name: str, args: list[str], port: int, ready_path: str | None = "/healthz"
     ) -> Proc:
-        proc = self._spawn(name, args, port)
-        if ready_path is not None:
-            self.wait_ready(proc, ready_path)
-        return proc
+        return self._track(
+            launch.start_command(
+                name,
+                args,
+                port,
+                self.work / f"{name}.log",
+                ready_path,
+                env=_env(),
+                cwd=ROOT,
+                timeout=READY_TIMEOUT,
+                accept=_ok,
+            )
+        )
 
     def write_policies(self, docs: list[dict[str, Any]], name: str = "policies") -> Path:
         directory = self.work / name
@@ -227,7 +170,7 @@ class Stack:
 
     def close(self) -> None:
         for proc in reversed(self.procs):
-            proc.stop()
+            proc.stop(STOP_TIMEOUT)
         self.procs.clear()
 
 

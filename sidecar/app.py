@@ -35,6 +35,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -57,6 +58,7 @@ from sidecar.policy.owner import OwnerLookup
 from sidecar.policy.reload import Reloader
 from sidecar.policy.store import PolicyStore
 from sidecar.proxy import Upstream
+from sidecar.quota.api import PREFIX as QUOTA_PREFIX
 from sidecar.quota.api import QuotaApi, QuotaService, upstream_tenant_check
 from sidecar.quota.gauges import QuotaGauges
 from sidecar.quota.ledger import open_ledger
@@ -75,13 +77,15 @@ log = logging.getLogger("sidecar")
 METRICS_KEY = web.AppKey("metrics", Metrics)
 READINESS_KEY = web.AppKey("readiness", Readiness)
 
-QUOTA_PREFIX = "/quota/v1"
 
 Lifecycle = Callable[[web.Application], AsyncIterator[None]]
 Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # The app's front door (see the module docstring), for `sidecar/server.py`.
 FRONT_DOOR: web.AppKey[Route] = web.AppKey("front_door")
+# The app's `handler_args` (aiohttp's per-connection limits), which the front door's
+# server (`sidecar/server.py`) is built with too.
+HANDLER_ARGS: web.AppKey[dict[str, Any]] = web.AppKey("handler_args")
 
 
 def build_app(config: Config) -> web.Application:
@@ -175,22 +179,24 @@ def build_app(config: Config) -> web.Application:
         used = stages if through is None else stages[: names.index(through) + 1]
         return _entry(config, policy, build_chain(used, terminal))
 
+    handler_args: dict[str, Any] = {
+        # aiohttp's own limits stay above ours so ours answer with a Status body.
+        "max_line_size": max(config.limits.max_header_bytes * 2, 16384),
+        "max_field_size": max(config.limits.max_header_bytes * 2, 16384),
+        # Bodies are forwarded byte for byte, never decompressed (DESIGN §8).
+        "auto_decompress": False,
+        # The next request's complete headers must arrive within this time, on a
+        # new connection and on a kept-alive one alike (slow clients, §8).
+        "keepalive_timeout": config.limits.header_timeout,
+    }
     app = web.Application(
-        handler_args={
-            # aiohttp's own limits stay above ours so ours answer with a Status body.
-            "max_line_size": max(config.limits.max_header_bytes * 2, 16384),
-            "max_field_size": max(config.limits.max_header_bytes * 2, 16384),
-            # Bodies are forwarded byte for byte, never decompressed (DESIGN §8).
-            "auto_decompress": False,
-            # The next request's complete headers must arrive within this time, on a
-            # new connection and on a kept-alive one alike (slow clients, §8).
-            "keepalive_timeout": config.limits.header_timeout,
-        },
+        handler_args=handler_args,
         # A middleware, not a wrapper in the route: it also sees requests no route
         # matches (`CONNECT host:port`), so they get a Status body too.
         middlewares=[framing.guard],
     )
     app[METRICS_KEY] = metrics
+    app[HANDLER_ARGS] = handler_args
     app[READINESS_KEY] = readiness
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)
@@ -361,4 +367,4 @@ def _on_sighup(actions: Sequence[Callable[[], None]]) -> Lifecycle:
     return lifecycle
 
 
-__all__ = ["FRONT_DOOR", "METRICS_KEY", "READINESS_KEY", "build_app"]
+__all__ = ["FRONT_DOOR", "HANDLER_ARGS", "METRICS_KEY", "READINESS_KEY", "build_app"]

@@ -39,6 +39,7 @@ from sidecar.config import AuditConfig
 from sidecar.context import CLIENT_CLOSED, RequestContext
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler
+from sidecar.policy.decision import Verdict
 from sidecar.ratelimit.stage import ANONYMOUS_REFUSAL
 
 log = logging.getLogger("sidecar.audit")
@@ -70,6 +71,24 @@ def encode(record: dict[str, Any]) -> str:
     two; a lone surrogate would fail the whole batch's write. Escaped, every byte of
     the line is printable ASCII and the only line break is the final newline."""
     return _ENCODER.encode(record) + "\n"
+
+
+def authz_record(v: Verdict) -> dict[str, Any]:
+    """A request's `authz` note (`ctx.audit["authz"]`): the decision that let it through
+    or refused it, with the rule and policy revision; whether isolation refused it
+    (`concealed`: a 404), and why no mode may relax a refusal (`held`). Stages add to it (`mode`,
+    a review's own `review` and `reviewReason`)."""
+    record: dict[str, Any] = {
+        "decision": v.outcome,
+        "reason": v.reason,
+        "rule": v.rule_id,
+        "revision": v.revision,
+    }
+    if v.isolated:
+        record["isolation"] = "concealed" if v.status == 404 else "forbidden"
+    if v.held:
+        record["held"] = v.held
+    return record
 
 
 class AuditLog:

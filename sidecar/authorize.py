@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from sidecar.audit import authz_record
 from sidecar.context import Identity, RequestContext
-from sidecar.errors import StatusError, bad_request, unauthorized
+from sidecar.errors import StatusError, bad_request
 from sidecar.pipeline import Handler
 from sidecar.policy.decide import decide
 from sidecar.policy.decision import Verdict
@@ -73,6 +74,21 @@ def _upstream_message(status: int, body: bytes) -> str:
     if isinstance(message, str) and message:
         return message[:500]
     return f"the upstream refused this write ({status})"
+
+
+class Authorize(Protocol):
+    """`Authorizer.authorize`: the one decision function with its I/O, as the stages
+    that decide again (impersonation, open watches) are given it."""
+
+    async def __call__(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget,
+        *,
+        read_body: bool = ...,
+        fetch_as: Identity | None = ...,
+    ) -> Verdict: ...
 
 
 class Reviews(Protocol):
@@ -184,16 +200,14 @@ class AuthorizeStage:
         self.reviews = reviews
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
-        identity, target = ctx.identity, ctx.target
-        if identity is None:
-            raise unauthorized("authentication required")
+        identity, target = ctx.authenticated(), ctx.target
         if target is None:
             raise bad_request("the request target could not be parsed")
         if self.reviews is not None and self.reviews.handles(target):
             return await self.reviews.answer(ctx, self.authz)
         v = await self.authz.authorize(ctx, identity, target)
         ctx.decision = v
-        ctx.audit["authz"] = audit_record(v)
+        ctx.audit["authz"] = authz_record(v)
         label = self.metrics.tenant(identity.tenant)
         if not v.allowed and forwarded(v, ctx.dry_run):
             self.metrics.child(self.metrics.decisions, label, "would_deny").inc()
@@ -244,17 +258,3 @@ def forwarded(v: Verdict, dry_run: bool) -> bool:
     """Whether a request with this verdict is forwarded (`modes.forwards`; open watches
     are decided again by the same rule)."""
     return forwards(v, DRY_RUN if dry_run else ENFORCE)
-
-
-def audit_record(v: Verdict) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "decision": v.outcome,
-        "reason": v.reason,
-        "rule": v.rule_id,
-        "revision": v.revision,
-    }
-    if v.isolated:
-        record["isolation"] = "concealed" if v.status == 404 else "forbidden"
-    if v.held:
-        record["held"] = v.held
-    return record

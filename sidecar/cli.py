@@ -145,7 +145,7 @@ def _loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
     return asyncio.run
 
 
-async def _start_site(site: web.TCPSite, address: str) -> None:
+async def _start_site(site: web.BaseSite, address: str) -> None:
     try:
         await site.start()
     except OSError as exc:
@@ -171,7 +171,7 @@ async def _run(
 
     host, port = config.listen_host_port
     grace = config.limits.shutdown_grace_seconds
-    runners: list[web.AppRunner] = []  # those set up, to clean up
+    runners: list[web.BaseRunner] = []  # those set up, to clean up
     if tls is not None:
         reloader = tls
 
@@ -186,7 +186,7 @@ async def _run(
         )
         await main.setup()
         runners.append(main)
-        site: web.TCPSite
+        site: web.BaseSite
         if tls is None:
             site = web.TCPSite(main, host, port, reuse_port=reuse_port or None)
         else:
@@ -196,7 +196,6 @@ async def _run(
                 port,
                 context=tls.context,
                 handshake_timeout=config.limits.header_timeout,
-                shutdown_timeout=CANCEL_SECONDS,  # drain() waits for the grace itself
                 reuse_port=reuse_port or None,
             )
         await _start_site(site, config.listen)

@@ -82,11 +82,16 @@ class AnonymousLimit:
     burst: int = 40
 
 
+# The default Redis key prefixes of the rate limit's global tier and of the quota ledger.
+RATE_LIMIT_REDIS_PREFIX = "sidecar:rl:"
+QUOTA_REDIS_PREFIX = "sidecar:quota:"
+
+
 @dataclass(frozen=True)
 class RateLimitConfig:
     global_: str | None = field(default=None, metadata={"key": "global"})
     # Key prefix of the global tier in Redis (keys are `{prefix}{tenant}:bucket`).
-    global_prefix: str = "sidecar:rl:"
+    global_prefix: str = RATE_LIMIT_REDIS_PREFIX
     max_wait: float = 0.0
     max_buckets: int = 100000
     anonymous: AnonymousLimit = field(default_factory=AnonymousLimit)
@@ -99,7 +104,7 @@ class QuotaConfig:
     reservation_ttl_seconds: float = 300.0
     reconcile_interval_seconds: float = 0.0
     # Key prefix of the Redis ledger (lets several deployments share one Redis).
-    redis_prefix: str = "sidecar:quota:"
+    redis_prefix: str = QUOTA_REDIS_PREFIX
     # How often the quota used/hard gauges on /metrics are refreshed from the ledger.
     gauge_interval_seconds: float = 5.0
     # A write whose outcome the sidecar did not see is released on a 404 read-back only

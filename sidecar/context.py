@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sidecar.errors import StatusError
+from sidecar.errors import StatusError, body_too_large, unauthorized
 from sidecar.framing import send_continue
 from sidecar.ids import new_id
-from sidecar.target import RequestTarget
+from sidecar.target import SYSTEM_TENANT, RequestTarget
 
 if TYPE_CHECKING:
     from sidecar.policy.bundle import PolicyBundle
-    from sidecar.policy.decision import Decision
+    from sidecar.policy.decision import Verdict
     from sidecar.policy.owner import OwnerListFilter
 
 
@@ -68,7 +68,12 @@ class Identity:
     @property
     def is_operator(self) -> bool:
         """Users of the `system` tenant are platform operators."""
-        return self.tenant == "system"
+        return self.tenant == SYSTEM_TENANT
+
+    @property
+    def sender(self) -> Identity:
+        """Who sent the request: the caller who impersonates, else this identity."""
+        return self.impersonated_by or self
 
 
 MAX_NAME = 256
@@ -98,7 +103,7 @@ class RequestContext:
     started: float = field(default_factory=time.perf_counter)
     target: RequestTarget | None = None
     identity: Identity | None = None
-    decision: Decision | None = None
+    decision: Verdict | None = None
     # The request body, once a stage had to read it (quota or owner checks). When set,
     # the proxy forwards these bytes instead of streaming the client's body.
     body: bytes | None = None
@@ -129,6 +134,12 @@ class RequestContext:
     @property
     def dry_run(self) -> bool:
         return self.mode == DRY_RUN
+
+    def authenticated(self) -> Identity:
+        """The identity the request acts as; the 401 when no identity stage set one."""
+        if self.identity is None:
+            raise unauthorized("authentication required")
+        return self.identity
 
     async def read_body(self) -> bytes:
         """Read the whole request body, refusing more than `max_body_bytes` with 413.
@@ -202,7 +213,3 @@ def check_json_media(request: web.BaseRequest) -> None:
 
 def malformed_body() -> StatusError:
     return StatusError(400, "the request body is malformed (bad framing)")
-
-
-def body_too_large(limit: int) -> StatusError:
-    return StatusError(413, f"the request body is larger than the limit of {limit} bytes")

@@ -18,9 +18,7 @@ import ipaddress
 import json
 import shutil
 import signal
-import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +33,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from sidecar import launch
 
 # Demo credentials: static tokens (identity.tokenFile). The groups match the
 # bindings in the shipped policies/: alice administers acme and owns its nodes,
@@ -240,65 +240,43 @@ def run(args: argparse.Namespace) -> int:
         print(f"sidecar demo: no policy directory at {policies}", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="sidecar-demo-"))
-    procs: list[subprocess.Popen[bytes]] = []
     try:
-        store_port, sidecar_port = _free_port(), _free_port()
-        (work / "tokens.yaml").write_text(yaml.safe_dump(DEMO_TOKENS))
-        ca_file, cert_file, key_file = _write_tls(work)
-        config = {
-            "listen": f"127.0.0.1:{sidecar_port}",
-            "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
-            "upstream": f"http://127.0.0.1:{store_port}",
-            "policies": str(policies),
-            "identity": {"tokenFile": str(work / "tokens.yaml")},
-            "ledger": f"sqlite:///{work / 'ledger.db'}",
-            "audit": {"path": str(work / "audit.log")},
-        }
-        (work / "sidecar.yaml").write_text(yaml.safe_dump(config))
-        procs.append(
-            _spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "backing_store",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(store_port),
-                    "--db",
-                    str(work / "store.db"),
-                ],
-                work / "store.log",
-            )
-        )
-        _wait(f"http://127.0.0.1:{store_port}/healthz", procs[-1], work / "store.log")
-        procs.append(
-            _spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "sidecar.cli",
-                    "serve",
-                    "--config",
-                    str(work / "sidecar.yaml"),
-                ],
-                work / "sidecar.log",
-            )
-        )
-        base = f"https://127.0.0.1:{sidecar_port}"
-        trust = ssl.create_default_context(cafile=str(ca_file))
-        _wait(f"{base}/healthz", procs[-1], work / "sidecar.log", trust)
-        for method, path, body in SEED:
-            status = _call(base, trust, method, path, body, "demo-admin")
-            if status >= 300 and status != 409:
-                print(f"sidecar demo: seeding {method} {path} answered {status}", file=sys.stderr)
-        kubeconfigs = _write_kubeconfigs(work, base, ca_file.read_bytes())
-        _print_banner(base, work, ca_file, kubeconfigs)
-        _wait_for_stop(args.seconds, procs)
-        return 0
+        with launch.ProcessGroup(stop_timeout=15) as procs:  # both stopped however the demo ends
+            (work / "tokens.yaml").write_text(yaml.safe_dump(DEMO_TOKENS))
+            ca_file, cert_file, key_file = _write_tls(work)
+            trust = ssl.create_default_context(cafile=str(ca_file))
+            try:
+                store = procs.add(
+                    launch.start_store(
+                        work, work / "store.db", log_path=work / "store.log", timeout=20
+                    )
+                )
+                config = {
+                    "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
+                    "upstream": store.url,
+                    "policies": str(policies),
+                    "identity": {"tokenFile": str(work / "tokens.yaml")},
+                    "ledger": f"sqlite:///{work / 'ledger.db'}",
+                    "audit": {"path": str(work / "audit.log")},
+                }
+                sidecar = procs.add(
+                    launch.start_sidecar(work, config, stem="sidecar", tls=trust, timeout=20)
+                )
+            except launch.StartError as exc:
+                raise SystemExit(f"sidecar demo: {exc}") from None
+            base = f"https://127.0.0.1:{sidecar.port}"
+            for method, path, body in SEED:
+                status = _call(base, trust, method, path, body, "demo-admin")
+                if status >= 300 and status != 409:
+                    print(
+                        f"sidecar demo: seeding {method} {path} answered {status}",
+                        file=sys.stderr,
+                    )
+            kubeconfigs = _write_kubeconfigs(work, base, ca_file.read_bytes())
+            _print_banner(base, work, ca_file, kubeconfigs)
+            _wait_for_stop(args.seconds, [store, sidecar])
+            return 0
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
         shutil.rmtree(work, ignore_errors=True)
         print("demo stopped: backing store and sidecar are down, temporary files removed.")
 
@@ -361,7 +339,7 @@ def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, P
     print("\n".join(lines), flush=True)
 
 
-def _wait_for_stop(seconds: float, procs: list[subprocess.Popen[bytes]]) -> None:
+def _wait_for_stop(seconds: float, procs: list[launch.Process]) -> None:
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
@@ -373,7 +351,7 @@ def _wait_for_stop(seconds: float, procs: list[subprocess.Popen[bytes]]) -> None
     while not stop.is_set():
         if deadline is not None and time.monotonic() >= deadline:
             break
-        if any(p.poll() is not None for p in procs):
+        if any(p.proc.poll() is not None for p in procs):
             print("sidecar demo: a process stopped unexpectedly", file=sys.stderr)
             break
         stop.wait(0.2)
@@ -393,46 +371,3 @@ def _call(base: str, trust: ssl.SSLContext, method: str, path: str, body: Any, t
             return status
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait(
-    url: str,
-    proc: subprocess.Popen[bytes],
-    log: Path,
-    trust: ssl.SSLContext | None = None,
-    timeout: float = 20.0,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"sidecar demo: {proc.args!r} exited:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(url, timeout=1, context=trust):
-                return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"sidecar demo: {url} did not come up:\n{log.read_text()}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)

@@ -117,6 +117,11 @@ def unauthorized(message: str) -> StatusError:
     return StatusError(401, message, headers={"WWW-Authenticate": 'Bearer realm="sidecar"'})
 
 
+def body_too_large(limit: int) -> StatusError:
+    """The 413 for a request body over `limits.maxBodyBytes`."""
+    return StatusError(413, f"the request body is larger than the limit of {limit} bytes")
+
+
 def forbidden(message: str) -> StatusError:
     return StatusError(403, message)
 

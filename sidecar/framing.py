@@ -43,7 +43,7 @@ class _Expecting:
         self.pending = True
 
 
-_EXPECT_KEY = "sidecar.expect-continue"
+_EXPECT_KEY: web.RequestKey[_Expecting] = web.RequestKey("sidecar.expect-continue", _Expecting)
 
 
 async def expect_handler(request: web.Request) -> web.StreamResponse | None:
@@ -105,11 +105,11 @@ async def _answer_and_close(request: web.BaseRequest, response: web.StreamRespon
     request.protocol.force_close()
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WebHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
-async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def guard(request: web.Request, handler: WebHandler) -> web.StreamResponse:
     """Middleware: origin-form targets only; a response given without the expected
     body being read, or after a malformed body, ends the connection."""
     refusal = _target_error(request)

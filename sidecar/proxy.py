@@ -32,7 +32,7 @@ from aiohttp import web
 
 from sidecar.config import Config
 from sidecar.context import Identity, RequestContext, malformed_body
-from sidecar.errors import StatusError
+from sidecar.errors import StatusError, body_too_large
 from sidecar.framing import send_continue
 from sidecar.listfilter import BrokenList, ListStream
 from sidecar.metrics import Metrics
@@ -194,7 +194,7 @@ class Upstream:
             length = request.content_length
             limit = ctx.max_body_bytes
             if length is not None and length > limit:
-                raise StatusError(413, f"the request body is larger than {limit} bytes")
+                raise body_too_large(limit)
             body = _stream_body(request, limit, body_state)
         watching = ctx.target is not None and ctx.target.verb == "watch"
         # A small fixed-length answer is read whole under the same timeout as the headers
@@ -231,9 +231,7 @@ class Upstream:
             raise UpstreamError(504, "the upstream did not answer in time") from None
         except ValueError as exc:
             if body_state.too_large:
-                raise StatusError(
-                    413, f"the request body is larger than {ctx.max_body_bytes} bytes"
-                ) from None
+                raise body_too_large(ctx.max_body_bytes) from None
             raise StatusError(400, f"a header cannot be forwarded: {exc}") from None
         except web.RequestPayloadError:
             raise malformed_body() from None

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sidecar.audit import authz_record
 from sidecar.context import Identity, RequestContext
-from sidecar.errors import StatusError, bad_request, unauthorized
+from sidecar.errors import StatusError, bad_request
 from sidecar.policy.decide import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, normalize
 from sidecar.policy.modes import ENFORCE, describe, mode_for, mode_source
 from sidecar.policy.rules import rules_in_force
@@ -88,9 +89,8 @@ class ReviewApi:
         return is_review(target)
 
     async def answer(self, ctx: RequestContext, authz: Authorizer) -> web.StreamResponse:
-        identity, target = ctx.identity, ctx.target
-        if identity is None or target is None:
-            raise unauthorized("authentication required")
+        identity, target = ctx.authenticated(), ctx.target
+        assert target is not None  # the authorize stage hands over parsed targets only
         kind = KINDS[(target.api_group, target.resource)]
         if target.verb != "create":
             raise StatusError(
@@ -101,17 +101,12 @@ class ReviewApi:
         ctx.decision = own
         label = self.metrics.tenant(identity.tenant)
         self.metrics.child(self.metrics.decisions, label, own.outcome).inc()
-        record: dict[str, Any] = {
-            "decision": own.outcome,
-            "reason": own.reason,
-            "rule": own.rule_id,
-            "revision": own.revision,
-        }
+        record = authz_record(own)
         ctx.audit["authz"] = record
         if not own.allowed:
             raise own.refusal()
         spec = _spec(await ctx.read_json(), kind, target)
-        tenant = target.tenant or identity.tenant
+        tenant = target.tenant_for(identity.tenant)
         if kind == "SelfSubjectReview":
             status: dict[str, Any] = {"userInfo": user_info(identity)}
         elif kind == "SelfSubjectRulesReview":

@@ -1,13 +1,13 @@
-"""Serving the sidecar's app: an aiohttp `AppRunner` whose server hands every request
-straight to the app's front door (`sidecar.app.FRONT_DOOR`), and the shutdown with a
-deadline (DESIGN §9).
+"""Serving the sidecar's app: an aiohttp server that hands every request straight to
+the app's front door (`sidecar.app.FRONT_DOOR`), and the shutdown with a deadline
+(DESIGN §9).
 
 aiohttp's `Application` resolves each request through its router and middleware chain
 before the handler runs; the sidecar has one route, so that work is pure cost on every
-request. This runner keeps everything else of `AppRunner` (the app's startup, shutdown
-and cleanup, the request objects) and only replaces the server's request handler.
-`Server.request_handler` is read by each new connection's protocol
-(tests/system/test_dependency_contracts.py checks it).
+request. `FrontDoorRunner` is aiohttp's low-level `web.ServerRunner` around a
+`web.Server` whose handler is the front door (with the app's `handler_args`,
+`sidecar.app.HANDLER_ARGS`); it runs the app's own startup, shutdown and cleanup
+around it, in the order `web.AppRunner` does. Public aiohttp API only.
 
 Shutdown (`drain`): aiohttp's own waits for a handler up to its timeout, then cancels
 it and waits up to the timeout again, so requests in flight were cut at about twice
@@ -16,18 +16,19 @@ the grace, and a handler that outlived its cancellation held the exit longer sti
 `on_shutdown`), lets the requests in flight finish until the deadline, then cancels
 those still open and gives them `CANCEL_SECONDS` to unwind (the quota stage hands what
 they reserved to its settling, never releasing it blindly: DESIGN §7). The cleanup that
-follows waits for no handler any more.
+follows waits for no handler any more: the runner's shutdown timeout is
+`CANCEL_SECONDS`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
-from aiohttp.web_server import Server
 
-from sidecar.app import FRONT_DOOR
+from sidecar.app import FRONT_DOOR, HANDLER_ARGS
 
 log = logging.getLogger("sidecar")
 
@@ -35,16 +36,24 @@ log = logging.getLogger("sidecar")
 CANCEL_SECONDS = 0.2
 
 
-class FrontDoorRunner(web.AppRunner):
-    def __init__(self, app: web.Application, **kwargs: object) -> None:
-        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+class FrontDoorRunner(web.ServerRunner):
+    """Serves `app[FRONT_DOOR]`; `server_args` go to `web.Server` (for example
+    `access_log=None`) on top of the app's `HANDLER_ARGS`. Construct it inside the
+    event loop."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        handle_signals: bool = False,
+        shutdown_timeout: float = CANCEL_SECONDS,
+        **server_args: Any,
+    ) -> None:
+        self.app = app
         # The handler task of every request in flight (added and removed by the
         # handler itself, so a request is tracked from its first line to its last).
         self.in_flight: set[asyncio.Task[object]] = set()
-
-    async def _make_server(self) -> Server:
-        server = await super()._make_server()
-        front_door = self.app[FRONT_DOOR]
+        front_door = app[FRONT_DOOR]
         in_flight = self.in_flight
 
         async def tracked(request: web.BaseRequest) -> web.StreamResponse:
@@ -57,8 +66,24 @@ class FrontDoorRunner(web.AppRunner):
                 if task is not None:
                     in_flight.discard(task)
 
-        server.request_handler = tracked
-        return server
+        handler_args: dict[str, Any] | None = app.get(HANDLER_ARGS)
+        args: dict[str, Any] = {**(handler_args or {}), **server_args}
+        server = web.Server(tracked, **args)
+        super().__init__(server, handle_signals=handle_signals, shutdown_timeout=shutdown_timeout)
+
+    async def setup(self) -> None:
+        # As web.AppRunner: startup handlers may still add shutdown/cleanup handlers.
+        self.app.on_startup.freeze()
+        await self.app.startup()
+        self.app.freeze()
+        await super().setup()
+
+    async def shutdown(self) -> None:
+        await self.app.shutdown()
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        await self.app.cleanup()
 
     async def drain(self, grace: float) -> None:
         """Stop accepting, end watches, let requests finish until `grace` seconds from
@@ -79,7 +104,6 @@ class FrontDoorRunner(web.AppRunner):
             for task in cut:
                 task.cancel()
             await asyncio.wait(cut, timeout=CANCEL_SECONDS)
-        self._shutdown_timeout = CANCEL_SECONDS
 
 
 __all__ = ["CANCEL_SECONDS", "FrontDoorRunner"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import quote, unquote
@@ -40,16 +40,21 @@ from urllib.parse import quote, unquote
 __all__ = [
     "DECISION_PARAMS",
     "DEFAULT_TENANT",
+    "RESERVED_TENANTS",
     "SYSTEM_TENANT",
     "RequestTarget",
     "Scope",
+    "SelectorError",
     "TargetError",
+    "field_terms",
     "is_dns1123_label",
     "parse_target",
 ]
 
 SYSTEM_TENANT = "system"
 DEFAULT_TENANT = "default"
+# The tenants that always exist: no Tenant object is needed (nor may be deleted).
+RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
 
 MAX_LABEL = 63
 MAX_NAME = 253
@@ -162,6 +167,11 @@ class RequestTarget:
         if encoded or self.encoded_tail:
             encoded = f"{encoded}/tenants/{_segment(tenant)}{self.encoded_tail}"
         return dataclasses.replace(self, tenant=tenant, encoded=encoded, encoded_tail="")
+
+    def tenant_for(self, caller_tenant: str) -> str:
+        """The tenant the request is in: the one it names, else (a short path) the
+        caller's (`default` for a system caller, as `resolve_tenant` fills it)."""
+        return self.resolve_tenant(caller_tenant).tenant or caller_tenant
 
     def within_tenant(self, tenant: str) -> RequestTarget:
         """A cluster-level list or watch (`/api/v1/configmaps`) as the same request in
@@ -470,20 +480,36 @@ def selected_name(query: Sequence[tuple[str, str]]) -> str:
     selectors = [v for k, v in query if k == "fieldSelector"]
     if len(selectors) != 1:
         return ""
-    for term in _split_unescaped(selectors[0], ","):
+    try:
+        for field, op, value in field_terms(selectors[0]):
+            if field != "metadata.name" or op == "!=":
+                continue
+            return value if _path_segment_name(value) else ""
+    except SelectorError:
+        return ""
+    return ""
+
+
+class SelectorError(ValueError):
+    """A malformed `fieldSelector`; the message says what is wrong (the store's 400)."""
+
+
+def field_terms(text: str) -> Iterator[tuple[str, str, str]]:
+    """A `fieldSelector`'s terms as (field, operator, value), in order, as the Kubernetes
+    API server reads them (and the backing store, which shares this reading): split at
+    each unescaped `,` (empty terms skipped), each term at its first unescaped `!=`,
+    `==` or `=`, the value's `\\,` `\\=` `\\\\` escapes undone. Raises `SelectorError`
+    when it reaches a malformed term."""
+    for raw in _split_unescaped(text, ","):
+        if not raw:
+            continue
         for op in ("!=", "==", "="):
-            at = _find_unescaped(term, op)
+            at = _find_unescaped(raw, op)
             if at >= 0:
                 break
         else:
-            return ""
-        if term[:at] != "metadata.name" or op == "!=":
-            continue
-        value = _unescape(term[at + len(op) :])
-        if value is None or not _path_segment_name(value):
-            return ""
-        return value
-    return ""
+            raise SelectorError(f"can't understand {raw!r}")
+        yield raw[:at], op, _unescape(raw[at + len(op) :])
 
 
 def _path_segment_name(value: str) -> bool:
@@ -525,20 +551,20 @@ def _find_unescaped(term: str, op: str) -> int:
     return -1
 
 
-def _unescape(value: str) -> str | None:
-    """The value with its escapes undone; None when malformed (as the store's 400)."""
+def _unescape(value: str) -> str:
+    """The value with its escapes undone; `SelectorError` when malformed."""
     out, i = [], 0
     while i < len(value):
         c = value[i]
         if c == "\\":
             nxt = value[i + 1 : i + 2]
             if nxt not in ("\\", ",", "="):
-                return None
+                raise SelectorError(f"bad escape in {value!r}")
             out.append(nxt)
             i += 2
             continue
         if c in ",=":
-            return None
+            raise SelectorError(f"unescaped {c!r} in {value!r}")
         out.append(c)
         i += 1
     return "".join(out)

@@ -18,7 +18,7 @@ SNI). A reload builds a fresh context rather than calling `load_cert_chain` on t
 live one, because a failed `load_cert_chain` leaves a context without a usable key:
 every later handshake would fail.
 
-`TlsSite` is aiohttp's `TCPSite` with the handshake bounded by `limits.headerTimeout`
+`TlsSite` is an aiohttp site with the handshake bounded by `limits.headerTimeout`
 (asyncio's default is 60 s, and the header timeout starts only after the handshake).
 `metricsListen` stays plain HTTP.
 
@@ -266,8 +266,17 @@ class TlsReloader:
                 log.exception("TLS certificate check failed")
 
 
-class TlsSite(web.TCPSite):
-    """`web.TCPSite` over TLS with the handshake bounded by `handshake_timeout`."""
+# aiohttp's sites' default listen backlog.
+BACKLOG = 128
+
+
+class TlsSite(web.BaseSite):
+    """A listening site over TLS with the handshake bounded by `handshake_timeout`.
+
+    aiohttp's `TCPSite` gives every handshake asyncio's fixed 60 s; this site makes
+    its own server from the runner's public `server` (a protocol factory) with
+    `ssl_handshake_timeout`, and closes it in `stop`. Public aiohttp API only
+    (`BaseSite.start`/`stop` register the site with its runner)."""
 
     def __init__(
         self,
@@ -277,36 +286,46 @@ class TlsSite(web.TCPSite):
         *,
         context: ssl.SSLContext,
         handshake_timeout: float,
-        shutdown_timeout: float,
         reuse_port: bool | None,
     ) -> None:
-        super().__init__(
-            runner,
-            host,
-            port,
-            ssl_context=context,
-            shutdown_timeout=shutdown_timeout,
-            reuse_port=reuse_port,
-        )
-        self._handshake_timeout = handshake_timeout
+        super().__init__(runner)
+        self.runner = runner
+        self.host = host
+        self.requested_port = port
+        self.context = context
+        self.handshake_timeout = handshake_timeout
+        self.reuse_port = reuse_port
+        self.listener: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port once started (also when 0 was asked for), else the asked one."""
+        sockets = self.listener.sockets if self.listener is not None else ()
+        return int(sockets[0].getsockname()[1]) if sockets else self.requested_port
+
+    @property
+    def name(self) -> str:
+        host = self.host or "0.0.0.0"
+        return f"https://[{host}]:{self.port}" if ":" in host else f"https://{host}:{self.port}"
 
     async def start(self) -> None:
-        # TCPSite.start without its fixed 60 s handshake allowance.
-        await web.BaseSite.start(self)
-        server = self._runner.server
+        await super().start()
+        server = self.runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
+        self.listener = await asyncio.get_running_loop().create_server(
             server,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self._handshake_timeout,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
-            reuse_port=self._reuse_port,
+            self.host,
+            self.requested_port,
+            ssl=self.context,
+            ssl_handshake_timeout=self.handshake_timeout,
+            backlog=BACKLOG,
+            reuse_port=self.reuse_port,
         )
-        sockets = self._server.sockets
-        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        await super().stop()
 
 
 def probe(listen: str) -> bool:

@@ -113,10 +113,7 @@ class TranscodeStage:
 def caller_tenant(ctx: RequestContext) -> str:
     """Whose share of the protobuf workers a body uses: the tenant of the caller who
     sent it (as the rate limit keys it), not one it impersonates."""
-    identity = ctx.identity
-    if identity is None:
-        return ""
-    return (identity.impersonated_by or identity).tenant
+    return "" if ctx.identity is None else ctx.identity.sender.tenant
 
 
 def as_json_request(request: web.Request, length: int) -> web.Request:

@@ -51,7 +51,6 @@ from multidict import CIMultiDict
 
 TICK_SECONDS = 0.05
 HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
 IDLE_SECONDS = 30.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Methods sent without a body get no `Content-Length: 0` (as browsers and aiohttp do).

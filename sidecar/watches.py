@@ -44,18 +44,19 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from sidecar.context import DRY_RUN, Identity, RequestContext
-from sidecar.errors import StatusError
+from sidecar.errors import StatusError, unauthorized
 from sidecar.policy.modes import mode_for
 
 if TYPE_CHECKING:
+    from sidecar.authorize import Authorize
+    from sidecar.identity.names import Authenticate
     from sidecar.policy.bundle import PolicyBundle
     from sidecar.policy.decision import Verdict
-    from sidecar.target import RequestTarget
 
 log = logging.getLogger("sidecar.watches")
 
@@ -123,26 +124,6 @@ class OpenWatch:
     policy: PolicyBundle
 
 
-class Authorize(Protocol):
-    """`sidecar.authorize.Authorizer.authorize`: the one decision function with its I/O."""
-
-    async def __call__(
-        self,
-        ctx: RequestContext,
-        identity: Identity,
-        target: RequestTarget,
-        *,
-        read_body: bool = ...,
-        fetch_as: Identity | None = ...,
-    ) -> Verdict: ...
-
-
-class Authenticate(Protocol):
-    """`sidecar.identity.stage.IdentityStage.authenticate` (with the credentials in force)."""
-
-    def __call__(self, request: web.Request) -> Identity: ...
-
-
 class WatchTerms:
     """What an open watch's right to go on depends on: the decision (the policy in
     force, decided by the one decision function) and the credential it was opened with."""
@@ -187,7 +168,7 @@ class WatchTerms:
         except StatusError as exc:
             return exc
         if now != ctx.identity:
-            return StatusError(401, "the credential of this watch now names another identity")
+            return unauthorized("the credential of this watch now names another identity")
         return None
 
 
@@ -282,7 +263,7 @@ class WatchRelay:
             if expires is not None and now + (expires - time.time()) < deadline:
                 deadline = now + (expires - time.time())
                 reason = "its credential expired"
-                refusal = StatusError(401, "the token has expired")
+                refusal = unauthorized("the token has expired")
         watch = OpenWatch(exchange, ctx, lifetime, deadline, reason, refusal, ctx.policy)
         self.watches[exchange] = watch
         if terms is not None and ctx.policy is not terms.current_policy():

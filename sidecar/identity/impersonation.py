@@ -18,7 +18,7 @@ who a watch's request acts as, which its credential check compares, and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -29,31 +29,13 @@ from sidecar.pipeline import Handler
 from sidecar.policy.impersonation import decide_impersonation, parse_impersonation, requested
 
 if TYPE_CHECKING:
+    from sidecar.authorize import Authorize
+    from sidecar.identity.names import Authenticate
     from sidecar.policy.decision import Verdict
     from sidecar.policy.engine import DecisionCache
     from sidecar.target import RequestTarget
 
 __all__ = ["ImpersonationStage"]
-
-
-class Authenticate(Protocol):
-    """`sidecar.identity.stage.IdentityStage.authenticate`."""
-
-    def __call__(self, request: web.Request) -> Identity: ...
-
-
-class Authorize(Protocol):
-    """`sidecar.authorize.Authorizer.authorize`."""
-
-    async def __call__(
-        self,
-        ctx: RequestContext,
-        identity: Identity,
-        target: RequestTarget,
-        *,
-        read_body: bool = ...,
-        fetch_as: Identity | None = ...,
-    ) -> Verdict: ...
 
 
 class ImpersonationStage:

@@ -32,6 +32,13 @@ class Authenticator(Protocol):
     def authenticate(self, request: web.Request, bearer: str | None) -> Identity | None: ...
 
 
+class Authenticate(Protocol):
+    """`sidecar.identity.stage.IdentityStage.authenticate`: the caller of a request, with
+    the credentials in force (a 401 `StatusError` when it has none that are valid)."""
+
+    def __call__(self, request: web.Request) -> Identity: ...
+
+
 def reject(message: str) -> StatusError:
     """The 401 for credentials that were recognised but are not valid."""
     return unauthorized(message)

@@ -23,9 +23,8 @@ from sidecar.policy.files import Document, Node, NodeList, Problem
 from sidecar.policy.modes import DRY_RUN, MODE_KINDS
 from sidecar.policy.rbac import CLUSTER_ROLE_BINDING, TENANT_ROLE_BINDING, RbacPolicy, Rule
 from sidecar.policy.scopes import is_cluster_scoped, is_tenant_scoped, owner_rule_warning
-from sidecar.target import DEFAULT_TENANT, SYSTEM_TENANT
+from sidecar.target import RESERVED_TENANTS, SYSTEM_TENANT
 
-RESERVED_TENANTS = (SYSTEM_TENANT, DEFAULT_TENANT)
 _ROLE_KINDS = frozenset({"ClusterRole", "TenantRole", "Role"})
 _LIFECYCLE_VERBS = frozenset({"create", "delete", "deletecollection", "*"})
 

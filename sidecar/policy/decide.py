@@ -35,6 +35,7 @@ from sidecar.isolation import QUOTA_GROUP, inside_caller_tenant, outside_caller_
 from sidecar.policy.decision import NO_OWNER_CONSTRAINTS, OwnerConstraints, Verdict
 from sidecar.policy.engine import DecisionCache, Grant, Match, PolicyEngine
 from sidecar.policy.owner import PatchKind, enforce_owner, owner_value
+from sidecar.policy.rbac import owner_rule_decides
 from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label
 
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 NO_BODY: Any = object()
 
-# Items an owner rule decides by the stored object's owner (subresources included).
-OWNER_ITEM_VERBS = frozenset({"get", "update", "patch", "delete"})
 # Writes whose body says who owns the object (subresource bodies are not the object).
 _OWNER_BODY_VERBS = frozenset({"create", "update", "patch"})
 
@@ -216,7 +215,16 @@ def _owner_rules(
     decide an item by its stored owner (an unowned and a missing object alike: 404)."""
     first = m.owner[0]
     verb, tenant = target.verb, identity.tenant
-    if verb == "list" or (verb == "create" and not target.name):
+    if not owner_rule_decides(verb, target.name):
+        return _refused(
+            rev,
+            identity,
+            target,
+            conceal,
+            f"{verb} is granted only by an owner rule ({first.explain()}), which cannot decide it",
+            first.owner_field,
+        )
+    if verb in ("list", "create"):  # a list is filtered, a create's body checked
         what = "listed" if verb == "list" else "created"
         return Verdict(
             "filter",
@@ -226,15 +234,6 @@ def _owner_rules(
             target,
             first.explain(),
             first.rule_id,
-            first.owner_field,
-        )
-    if not target.name or verb not in OWNER_ITEM_VERBS:
-        return _refused(
-            rev,
-            identity,
-            target,
-            conceal,
-            f"{verb} is granted only by an owner rule ({first.explain()}), which cannot decide it",
             first.owner_field,
         )
     for grant in m.owner:

@@ -84,7 +84,3 @@ class Verdict:
         if self.error is not None:
             return self.error
         return StatusError(self.status, self.reason)
-
-
-# The name the stages and the audit log knew it by.
-Decision = Verdict

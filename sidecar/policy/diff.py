@@ -20,7 +20,7 @@ atom matches it and no `except` atom does. The diff is exact: `decide()` gives a
 different access (unconditional, owner-only, none) for a subject's caller in OLD and
 NEW exactly when some change covers the request (property test in
 `tests/sidecar/policy/test_diff.py`). An owner atom only covers requests an owner rule
-can decide (`decide.OWNER_ITEM_VERBS`). Rate-limit and quota changes are listed per tenant,
+can decide (`rbac.owner_rule_decides`). Rate-limit and quota changes are listed per tenant,
 and so are mode changes (`TenantMode`: a tenant put in or taken out of dry-run, or
 moved back to the global mode; the global mode itself is the config's `mode`, not
 the policy's): each is a change of behaviour, so the exit status is 1.
@@ -43,11 +43,11 @@ from typing import Any
 from sidecar.context import Identity
 from sidecar.policy.bundle import PolicyBundle, build_bundle
 from sidecar.policy.compile import NO_DOMAIN, OWNER_PREFIX, PLine, rule_match, split_set
-from sidecar.policy.decide import OWNER_ITEM_VERBS, normalize
+from sidecar.policy.decide import normalize
 from sidecar.policy.engine import PolicyEngine, request_vector, subject_keys
 from sidecar.policy.files import LoadResult, Problem, load_documents
 from sidecar.policy.modes import DRY_RUN
-from sidecar.policy.rbac import NON_RESOURCE_VERBS, RESOURCE_VERBS, Rule
+from sidecar.policy.rbac import NON_RESOURCE_VERBS, RESOURCE_VERBS, Rule, owner_rule_decides
 from sidecar.policy.scopes import is_cluster_scoped
 from sidecar.target import RequestTarget
 
@@ -93,12 +93,7 @@ class Atom:
         if self.cluster_scoped_only and not is_cluster_scoped(grp, res):
             return False
         if self.owner:
-            verb, name = target.verb, target.name
-            return (
-                verb == "list"
-                or (verb == "create" and not name)
-                or (bool(name) and verb in OWNER_ITEM_VERBS)
-            )
+            return owner_rule_decides(target.verb, target.name)
         return True
 
     def within(self, other: Atom) -> bool:
@@ -670,10 +665,6 @@ def _diff_cmd(args: argparse.Namespace) -> int:
     return 1 if d.changed else 0
 
 
-def diff_sources(old: str, new: str) -> PolicyDiff:
-    return diff_bundles(load_source(old), load_source(new))
-
-
 __all__ = [
     "Atom",
     "Change",
@@ -681,6 +672,5 @@ __all__ = [
     "PolicyDiff",
     "SourceError",
     "diff_bundles",
-    "diff_sources",
     "load_source",
 ]

@@ -328,7 +328,7 @@ def request_vector(identity: Identity, target: RequestTarget) -> Request | str:
         nd, td = NO_DOMAIN, own
     else:
         if tenant is None:  # a short path not resolved yet
-            tenant = target.resolve_tenant(identity.tenant).tenant or identity.tenant
+            tenant = target.tenant_for(identity.tenant)
         if not is_dns1123_label(tenant):
             return f"target tenant {tenant!r} is not a valid tenant name"
         td = tenant

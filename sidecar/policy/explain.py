@@ -36,7 +36,7 @@ from sidecar.policy.decision import STATUS, Verdict
 from sidecar.policy.engine import PolicyEngine, request_vector, subject_keys
 from sidecar.policy.impersonation import case_impersonation
 from sidecar.policy.modes import ENFORCE, MODES, describe, forwards, mode_for, mode_source
-from sidecar.policy.owner import PatchKind
+from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, PatchKind, patch_kind
 from sidecar.policy.rbac import Rule
 from sidecar.target import RequestTarget, TargetError, parse_target
 
@@ -48,11 +48,10 @@ def parse_request(method: str, path: str) -> RequestTarget:
 
 
 def case_patch_kind(method: str, body: Any) -> PatchKind:
-    """How a test case's body is read: PATCH with a list is a JSON patch, PATCH with
-    a mapping a merge patch, anything else the whole object."""
-    if method.upper() != "PATCH":
-        return ""
-    return "json" if isinstance(body, list) else "merge"
+    """How a test case's body is read (a case has no Content-Type): PATCH with a list
+    as a JSON patch, PATCH with a mapping as a merge patch, anything else the whole
+    object; then as the sidecar reads a request with that Content-Type."""
+    return patch_kind(method, JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
 
 def explain_verdict(

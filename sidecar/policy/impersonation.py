@@ -46,7 +46,7 @@ from sidecar.policy.decide import AUTHENTICATION_GROUP, decide
 from sidecar.policy.decision import Verdict
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.rbac import group_key, user_key
-from sidecar.target import SYSTEM_TENANT, RequestTarget, Scope, is_dns1123_label
+from sidecar.target import RequestTarget, Scope, is_dns1123_label
 
 if TYPE_CHECKING:
     from sidecar.policy.bundle import PolicyBundle
@@ -264,7 +264,7 @@ def decide_impersonation(
     """Whether `caller` may act as `asked` (see the module docstring)."""
     tenant = asked.tenant_for(caller)
     targets = asked.targets(tenant)
-    if caller.tenant != SYSTEM_TENANT and tenant != caller.tenant:
+    if not caller.is_operator and tenant != caller.tenant:
         why = f"a user of tenant {caller.tenant!r} can never become a user of another tenant"
         return _refused(caller, targets[0], why, why)
     engine = bundle if isinstance(bundle, PolicyEngine) else bundle.engine

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from cachetools import TTLCache
+from jsonpointer import JsonPointer, JsonPointerException
 
 from sidecar.context import Identity
 from sidecar.errors import StatusError, forbidden
@@ -226,6 +227,9 @@ PatchKind = str
 RESULT = "result"
 APPLY = "apply"
 UPSTREAM_APPLIES = frozenset({"strategic", APPLY})
+# The Content-Types of the two patches the sidecar reads itself.
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def patch_kind(method: str, content_type: str) -> PatchKind:
@@ -349,7 +353,8 @@ def _check_result(
 
 
 def _check_json_patch(ops: list[Any], tenant: str, field: str) -> None:
-    pointer = "/" + "/".join(field.split("."))
+    owner = JsonPointer.from_parts(field.split("."))
+    pointer = owner.path
     for op in ops:
         if not isinstance(op, dict):
             raise StatusError(400, "a JSON patch operation must be an object")
@@ -357,10 +362,15 @@ def _check_json_patch(ops: list[Any], tenant: str, field: str) -> None:
             p = op.get(key)
             if not isinstance(p, str):
                 continue
-            touches = p == pointer or pointer.startswith(p.rstrip("/") + "/") or p == ""
+            try:
+                at = JsonPointer(p)
+            except JsonPointerException as exc:
+                raise StatusError(400, f"invalid JSON patch: {exc}") from None
+            # The operation reaches the owner when it is at the owner or above it.
+            touches = owner.parts[: len(at.parts)] == at.parts
             if not touches or (key == "path" and op.get("op") == "test"):
                 continue
-            if key == "path" and op.get("op") in ("add", "replace") and p == pointer:
+            if key == "path" and op.get("op") in ("add", "replace") and at == owner:
                 value = op.get("value")
                 if value == tenant:
                     continue

@@ -45,9 +45,12 @@ RESOURCE_VERBS = frozenset(
     }
 )
 NON_RESOURCE_VERBS = frozenset({"get", "head", "post", "put", "patch", "delete", "options", "*"})
+# Verbs an owner rule decides for one named object, by the stored object's owner
+# (subresources included).
+OWNER_ITEM_VERBS = frozenset({"get", "update", "patch", "delete"})
 # Verbs an owner rule can decide: items by their stored owner, lists by filtering,
 # creates by the body's owner. A deletecollection or a watch stream cannot be filtered.
-OWNER_VERBS = frozenset({"get", "list", "create", "update", "patch", "delete", "*"})
+OWNER_VERBS = OWNER_ITEM_VERBS | {"list", "create", "*"}
 SUBJECT_KINDS = frozenset({"User", "Group", "ServiceAccount"})
 AUTHENTICATED_GROUP = "system:authenticated"
 DEFAULT_OWNER_FIELD = "spec.owner"
@@ -166,6 +169,17 @@ class RbacPolicy:
             for rule in role.rules:
                 seen[rule.rule_id] = None
         return list(seen)
+
+
+def owner_rule_decides(verb: str, name: str) -> bool:
+    """Whether an owner rule can decide a request: a list (filtered by owner), a create
+    of an unnamed object (by its body's owner), or one named object (by its stored
+    owner, `OWNER_ITEM_VERBS`). Anything else it grants cannot be decided by owner."""
+    return (
+        verb == "list"
+        or (verb == "create" and not name)
+        or (bool(name) and verb in OWNER_ITEM_VERBS)
+    )
 
 
 def role_key(kind: str, name: str, tenant: str = "", namespace: str = "") -> str:

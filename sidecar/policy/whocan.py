@@ -29,10 +29,10 @@ from typing import Any
 
 from sidecar.context import Identity
 from sidecar.policy.bundle import PolicyBundle, load_bundle
-from sidecar.policy.decide import OWNER_ITEM_VERBS, decide
+from sidecar.policy.decide import decide
 from sidecar.policy.impersonation import RESOURCES as IMPERSONATION_RESOURCES
 from sidecar.policy.modes import ENFORCE, MODES, mode_for, mode_source, summary
-from sidecar.policy.rbac import AUTHENTICATED_GROUP, RESOURCE_VERBS
+from sidecar.policy.rbac import AUTHENTICATED_GROUP, OWNER_ITEM_VERBS, RESOURCE_VERBS
 from sidecar.policy.rules import rules_in_force
 from sidecar.policy.scopes import CLUSTER_SCOPED, TENANT_SCOPED, is_cluster_scoped
 from sidecar.target import RequestTarget, Scope, is_dns1123_label

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sidecar.audit import authz_record
 from sidecar.context import RequestContext
 from sidecar.errors import StatusError, bad_request, not_found, tenant_not_found
+from sidecar.isolation import QUOTA_GROUP
 from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.quotas import QuotaPolicy, effective_limits, limit_error
@@ -34,8 +36,7 @@ from sidecar.quantities import exact_units, format_units
 from sidecar.quota.ledger import TENANT_SCOPE, Ledger, LedgerError, Usage
 from sidecar.quota.stage import ledger_unavailable
 from sidecar.target import (
-    DEFAULT_TENANT,
-    SYSTEM_TENANT,
+    RESERVED_TENANTS,
     RequestTarget,
     Scope,
     is_dns1123_label,
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from sidecar.proxy import Upstream
 
 PREFIX = "/quota/v1"
-API_GROUP = "quota.sidecar"
 # tenant → True/False (exists), or raises StatusError when it cannot be told.
 TenantCheck = Callable[[str], Awaitable[bool]]
 
@@ -158,7 +158,7 @@ class QuotaService:
 
 def upstream_tenant_check(upstream: Upstream) -> TenantCheck:
     async def exists(tenant: str) -> bool:
-        if tenant in (SYSTEM_TENANT, DEFAULT_TENANT):
+        if tenant in RESERVED_TENANTS:
             return True
         from sidecar.quota.reconcile import RECONCILER
 
@@ -181,12 +181,12 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def quota_target(verb: str, tenant: str = "") -> RequestTarget:
     """A quota API call as the request the policy decides (`policy test` cases write it
     as `/apis/quota.sidecar/v1/quotas[/TENANT]`)."""
-    path = f"/apis/{API_GROUP}/v1/quotas" + (f"/{tenant}" if tenant else "")
+    path = f"/apis/{QUOTA_GROUP}/v1/quotas" + (f"/{tenant}" if tenant else "")
     return RequestTarget(
         path=path,
         verb=verb,
         resource_request=True,
-        api_group=API_GROUP,
+        api_group=QUOTA_GROUP,
         api_version="v1",
         scope=Scope.CLUSTER,
         tenant=tenant or None,
@@ -212,27 +212,20 @@ class QuotaApi:
         resource `quotas` of API group `quota.sidecar`, named by the tenant (so reading
         another tenant's quota without the grant is that tenant's 404, and reading
         one's own is a built-in grant). Always enforced: dry-run never opens it."""
-        assert ctx.identity is not None
         v = decide(
             ctx.policy,
-            ctx.identity,
+            ctx.authenticated(),
             quota_target(verb, tenant),
             conceal=self.conceal,
             cache=self.cache,
         )
         ctx.decision = v
-        ctx.audit["authz"] = {"decision": v.outcome, "reason": v.reason, "rule": v.rule_id}
+        ctx.audit["authz"] = authz_record(v)
         if not v.allowed:
             raise v.refusal()
 
     async def __call__(self, ctx: RequestContext) -> web.StreamResponse:
-        identity = ctx.identity
-        if identity is None:
-            raise StatusError(
-                401,
-                "authentication required",
-                headers={"WWW-Authenticate": 'Bearer realm="sidecar"'},
-            )
+        ctx.authenticated()  # the 401 when no stage set an identity
         path = ctx.request.path
         rest = path[len(PREFIX) :].strip("/")
         parts = rest.split("/") if rest else []

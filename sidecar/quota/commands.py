@@ -21,9 +21,8 @@ from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.policy.bundle import load_bundle
 from sidecar.policy.quotas import QuotaPolicy
-from sidecar.quota.api import QuotaService
+from sidecar.quota.api import QuotaService, upstream_tenant_check
 from sidecar.quota.ledger import Ledger, LedgerError, open_ledger
-from sidecar.target import DEFAULT_TENANT, SYSTEM_TENANT
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,14 +85,7 @@ class Env:
         self.force = False
 
     async def tenant_exists(self, tenant: str) -> bool:
-        if self.force or tenant in (SYSTEM_TENANT, DEFAULT_TENANT):
-            return True
-        from sidecar.quota.reconcile import RECONCILER
-
-        status, _ = await self.upstream.get_json(f"/api/v1/tenants/{tenant}", RECONCILER)
-        if status in (200, 404):
-            return status == 200
-        raise StatusError(503, f"the backing store answered {status} for tenant {tenant}")
+        return self.force or await upstream_tenant_check(self.upstream)(tenant)
 
     def service(self) -> QuotaService:
         return QuotaService(self.ledger, lambda: self.policy, self.tenant_exists)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from sidecar.config import QUOTA_REDIS_PREFIX
 from sidecar.ids import new_id
 from sidecar.quota.meters import Charge
 
@@ -395,7 +396,7 @@ class Ledger(abc.ABC):
 
 
 def open_ledger(
-    url: str, ttl_seconds: float, clock: Clock | None = None, redis_prefix: str = "sidecar:quota:"
+    url: str, ttl_seconds: float, clock: Clock | None = None, redis_prefix: str = QUOTA_REDIS_PREFIX
 ) -> Ledger:
     """`sqlite:///path` (relative: `sqlite:///./x.db`), or Redis in any form of
     sidecar/redis_client.py: `redis://host:port/db`, `redis+cluster://H:P,H:P`,

@@ -54,6 +54,7 @@ from typing import Any
 
 from redis.exceptions import ClusterError, ResponseError
 
+from sidecar.config import QUOTA_REDIS_PREFIX
 from sidecar.quota.ledger import (
     TENANT_SCOPE,
     TOMBSTONE_SECONDS,
@@ -434,7 +435,7 @@ class RedisLedger(Ledger):
         url: str,
         ttl_seconds: float,
         clock: Clock | None = None,
-        prefix: str = "sidecar:quota:",
+        prefix: str = QUOTA_REDIS_PREFIX,
         timeout: float = 2.0,
     ) -> None:
         super().__init__(ttl_seconds, clock)

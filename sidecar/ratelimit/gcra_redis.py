@@ -25,16 +25,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sidecar.config import RATE_LIMIT_REDIS_PREFIX
 from sidecar.metrics import Metrics
 from sidecar.policy.ratelimits import Rate
-from sidecar.ratelimit.local import Verdict
+from sidecar.ratelimit.local import BucketAnswer
 from sidecar.redact import redact_url
 from sidecar.redis_client import ERRORS, RedisHandle, error_text, open_redis, tenant_key
 
 log = logging.getLogger("sidecar.ratelimit")
 
 RETRY_SECONDS = 1.0
-DEFAULT_PREFIX = "sidecar:rl:"
 
 # KEYS: bucket keys. ARGV: per key, emission interval (µs) then burst.
 # Returns {allowed (0|1), retry_after_us, remaining, reset_us, limit}.
@@ -82,7 +82,7 @@ class GlobalTier:
         url: str,
         metrics: Metrics,
         *,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = RATE_LIMIT_REDIS_PREFIX,
         timeout: float = 0.25,
         log_interval: float = 30.0,
     ) -> None:
@@ -100,7 +100,9 @@ class GlobalTier:
     def key(self, tenant: str, suffix: str) -> str:
         return tenant_key(self.prefix, tenant, suffix)
 
-    async def acquire(self, tenant: str, buckets: Sequence[tuple[str, Rate]]) -> Verdict | None:
+    async def acquire(
+        self, tenant: str, buckets: Sequence[tuple[str, Rate]]
+    ) -> BucketAnswer | None:
         """Take one token from each of the tenant's buckets, all or none.
 
         `buckets` are (key suffix, rate). None means "no answer": no bucket, or Redis
@@ -127,7 +129,7 @@ class GlobalTier:
             self.last_error = ""
         allowed, retry_us, remaining, reset_us, limit = (int(x) for x in result)
         window = max((s.burst / s.rate for _, s in buckets), default=0.0)
-        return Verdict(
+        return BucketAnswer(
             allowed=bool(allowed),
             limit=limit,
             remaining=max(0, remaining),

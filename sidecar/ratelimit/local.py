@@ -50,7 +50,7 @@ _EPS = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class BucketAnswer:
     """The outcome of one tier for one request, with the numbers for the headers."""
 
     allowed: bool
@@ -74,7 +74,7 @@ class Verdict:
         return out
 
 
-def tightest(verdicts: Sequence[Verdict]) -> Verdict:
+def tightest(verdicts: Sequence[BucketAnswer]) -> BucketAnswer:
     """The verdict to report: a refusal with the longest wait, else the fewest left."""
     if len(verdicts) == 1:
         return verdicts[0]
@@ -84,14 +84,14 @@ def tightest(verdicts: Sequence[Verdict]) -> Verdict:
     return min(verdicts, key=lambda v: (v.remaining, -v.reset))
 
 
-def verdict(spec: Rate, used: float, allowed: bool) -> Verdict:
+def verdict(spec: Rate, used: float, allowed: bool) -> BucketAnswer:
     """The header numbers of a bucket of `spec` with `used` tokens in use (after the
     request's own token, when it was allowed)."""
     burst, rate = spec.burst, spec.rate
     # Whole seconds, rounded up, until one more token is free (refusals only) ...
     need = used + 1.0 - burst
     retry = 0 if allowed or need <= _EPS else max(1, math.ceil((need - _EPS / 2) / rate))
-    return Verdict(
+    return BucketAnswer(
         allowed=allowed,
         limit=burst,
         remaining=max(0, math.floor(burst - used + _EPS)),
@@ -129,20 +129,20 @@ class LocalLimiter:
     def _store(self, key: str, spec: Rate, now: float, used: float) -> None:
         self.buckets[key] = complex(now + used / spec.rate, spec.rate)
 
-    def peek(self, keys: Keys) -> Verdict | None:
+    def peek(self, keys: Keys) -> BucketAnswer | None:
         """The current state of the buckets, consuming nothing (for headers)."""
         if not keys:
             return None
         now = self.clock()
         return tightest([verdict(s, self.used(k, s, now), True) for k, s in keys])
 
-    def try_acquire(self, keys: Keys) -> Verdict | None:
+    def try_acquire(self, keys: Keys) -> BucketAnswer | None:
         """`acquire` without waiting: a token from every bucket now, or from none."""
         if not keys:
             return None
         return self._attempt(keys, self.clock())[0]
 
-    async def acquire(self, keys: Keys, max_wait: float = 0.0) -> Verdict | None:
+    async def acquire(self, keys: Keys, max_wait: float = 0.0) -> BucketAnswer | None:
         """Take a token from every bucket, or from none and say how long to wait.
 
         Never waits longer than `max_wait` seconds; with 0 it answers at once.
@@ -162,7 +162,7 @@ class LocalLimiter:
                 return found
             await asyncio.sleep(wait)
 
-    def _attempt(self, keys: Keys, now: float) -> tuple[Verdict, float]:
+    def _attempt(self, keys: Keys, now: float) -> tuple[BucketAnswer, float]:
         """Take a token from every bucket at `now`, or from none: the verdict, and
         the seconds until every bucket has a token (0 when taken)."""
         levels = [self.used(k, s, now) for k, s in keys]

@@ -28,16 +28,16 @@ import asyncio
 
 from aiohttp import web
 
-from sidecar.config import RateLimitConfig
+from sidecar.config import RATE_LIMIT_REDIS_PREFIX, RateLimitConfig
 from sidecar.context import RequestContext
 from sidecar.error_stage import answer
 from sidecar.errors import StatusError
 from sidecar.metrics import Metrics
 from sidecar.pipeline import Handler
 from sidecar.policy.ratelimits import Rate, TenantLimits
-from sidecar.ratelimit.gcra_redis import DEFAULT_PREFIX, GlobalTier
+from sidecar.ratelimit.gcra_redis import GlobalTier
 from sidecar.ratelimit.inflight import InFlight
-from sidecar.ratelimit.local import Clock, LocalLimiter, Verdict, tightest
+from sidecar.ratelimit.local import BucketAnswer, Clock, LocalLimiter, tightest
 from sidecar.redact import redact_url as redact
 
 LOCAL, GLOBAL, INFLIGHT, WATCHES, ANONYMOUS = (
@@ -78,7 +78,7 @@ class RateLimiter:
             self.global_tier = GlobalTier(
                 rl.global_,
                 metrics,
-                prefix=rl.global_prefix or DEFAULT_PREFIX,
+                prefix=rl.global_prefix or RATE_LIMIT_REDIS_PREFIX,
                 timeout=rl.redis_timeout,
                 log_interval=rl.fail_open_log_interval,
             )
@@ -112,12 +112,12 @@ def bucket_specs(limits: TenantLimits, user: str, verb: str) -> list[tuple[str, 
     return out
 
 
-def slot_verdict(cap: int) -> Verdict:
+def slot_verdict(cap: int) -> BucketAnswer:
     """The headers of a slot refusal for a tenant without a bucket: no slot left."""
-    return Verdict(allowed=False, limit=cap, remaining=0, reset=1, retry_after=1, tier="local")
+    return BucketAnswer(allowed=False, limit=cap, remaining=0, reset=1, retry_after=1, tier="local")
 
 
-def too_many(message: str, verdict: Verdict | None, retry_after: int) -> StatusError:
+def too_many(message: str, verdict: BucketAnswer | None, retry_after: int) -> StatusError:
     headers = verdict.headers() if verdict is not None else {}
     headers["Retry-After"] = str(max(1, retry_after))
     return StatusError(
@@ -169,7 +169,7 @@ class TenantRateLimitStage:
         identity = ctx.identity
         if identity is None:
             return await call_next(ctx)
-        tenant = identity.tenant
+        tenant = identity.sender.tenant  # the caller's, never one it impersonates
         verb = ctx.target.verb if ctx.target is not None else ctx.request.method.lower()
         rate_limits = ctx.policy.rate_limits
         limits = rate_limits.for_tenant(tenant)
@@ -229,7 +229,7 @@ class TenantRateLimitStage:
         specs: list[tuple[str, Rate]],
         keys: list[tuple[str, Rate]],
         dry: bool,
-    ) -> Verdict | StatusError | None:
+    ) -> BucketAnswer | StatusError | None:
         """The verdict to report in the headers (None: no bucket applies), or the 429
         to answer."""
         lim = self.limiter
@@ -255,8 +255,8 @@ class TenantRateLimitStage:
         return verdict
 
     def _refuse(
-        self, ctx: RequestContext, tenant: str, tier: str, verdict: Verdict, dry: bool
-    ) -> Verdict | StatusError:
+        self, ctx: RequestContext, tenant: str, tier: str, verdict: BucketAnswer, dry: bool
+    ) -> BucketAnswer | StatusError:
         """The refusal to answer, or in dry-run the verdict to go on with."""
         lim = self.limiter
         if dry:

@@ -216,14 +216,14 @@ def test_bench_targets_read_the_policy_figures() -> None:
     policy = {
         "decisions": [
             {"size": "10k", "load_s": 9.0, "hit_p99": 1.0, "miss_p99": 1.0},
-            {"size": "100k", "load_s": 3.4, "hit_p99": 5.0, "miss_p99": 300.0},
+            {"size": "100k", "load_s": 6.4, "hit_p99": 5.0, "miss_p99": 300.0},
         ],
         "reload": [{"lines": 100001, "during_max_ms": 4.0, "after_max_ms": 12.5}],
     }
     met = {t.name: t.met for t in bench_targets([], policy, [])}
     assert met == {
         "no errors from the sidecar under load": True,
-        "policy load + compile of 100k lines <= 3 s": False,
+        "policy load + compile of 100k lines <= 6 s": False,
         "decision p99 on a cache hit <= 20 us": True,
         "decision p99 on a miss <= 250 us": False,
         "a reload of 100,001 lines pauses the loop <= 10 ms": False,

@@ -128,7 +128,11 @@ def start_cluster(tmp: Path) -> ClusterEnv:
         "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
     }
     trust = ssl.create_default_context(cafile=str(ca_file))
-    sidecar = processes.start_sidecar(tmp, config, tls=trust)
+    try:
+        sidecar = processes.start_sidecar(tmp, config, tls=trust)
+    except BaseException:
+        store.stop()  # a sidecar that fails to start leaves no store behind
+        raise
     env = ClusterEnv(
         f"https://127.0.0.1:{sidecar.port}", tmp, ca_file, trust, procs=[store, sidecar]
     )

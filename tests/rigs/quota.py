@@ -142,7 +142,12 @@ async def quota_env(
         "limits": {"upstreamReadTimeout": 30},
     }
     config.update(extra)
-    sidecar = processes.start_sidecar(tmp, config)
+    try:
+        sidecar = processes.start_sidecar(tmp, config)
+    except BaseException:
+        if own_store:
+            store.stop()  # a sidecar that fails to start leaves no store behind
+        raise
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             env = QuotaEnv(http, store, sidecar, ledger_url, tmp)

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from sidecar.launch import ProcessGroup
 from tests.rigs import processes
 from tests.rigs.policies import admin_policy
 
@@ -125,15 +126,11 @@ async def running_env(
 ) -> AsyncIterator[Env]:
     """`extra`: more sidecar config keys; `env`: the sidecar's environment additions;
     `metrics`: also a `metricsListen` (`env.sidecar.extra["metrics_port"]`)."""
-    store = processes.start_store(tmp)
-    sidecar = processes.start_sidecar(
-        tmp, sidecar_config(tmp, store.url, limit, **extra), env=env, metrics=metrics
-    )
-    try:
+    with ProcessGroup() as started:  # stops both however the block ends (a failed start too)
+        store = started.add(processes.start_store(tmp))
+        config = sidecar_config(tmp, store.url, limit, **extra)
+        sidecar = started.add(processes.start_sidecar(tmp, config, env=env, metrics=metrics))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             running = Env(sidecar.url, store, http, sidecar)
             await seed(running)
             yield running
-    finally:
-        sidecar.stop()
-        store.stop()

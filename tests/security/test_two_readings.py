@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from tests.rigs import raw_http, tenancy
 
@@ -48,8 +48,15 @@ subjects:
 """
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tenancy.Env]:
+# One store and sidecar for the whole module, on the module's event loop: no test here
+# changes what another reads (each looks only at what reached the store after it began,
+# and the one write, a patch of `settings`, is read by no other test).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tenancy.Env]:
+    tmp_path = tmp_path_factory.mktemp("two-readings")
     policies = tmp_path / "policies"
     shutil.copytree(tenancy.SHIPPED_POLICIES, policies, ignore=shutil.ignore_patterns("tests"))
     (policies / "90-narrow.yaml").write_text(ROLE)

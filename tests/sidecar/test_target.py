@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.target import RequestTarget, Scope, TargetError, parse_target
+from sidecar.target import (
+    RequestTarget,
+    Scope,
+    SelectorError,
+    TargetError,
+    field_terms,
+    parse_target,
+)
 
 C, T, N = Scope.CLUSTER, Scope.TENANT, Scope.NAMESPACE
 
@@ -405,6 +414,8 @@ PODS = "/api/v1/tenants/acme/namespaces/dev/pods"
         ("GET", PODS, "fieldSelector=metadata.name%3Da,metadata.name%3Db", "a", "list"),
         # Escapes as the store reads them.
         ("GET", PODS, "fieldSelector=metadata.name%3Da%5C%2Cb", "a,b", "list"),
+        # Empty terms are skipped, as the store skips them.
+        ("GET", PODS, "fieldSelector=%2Cmetadata.name%3Dweb", "web", "list"),
         # No name: inequality, another field, malformed, twice, not a path segment.
         ("GET", PODS, "fieldSelector=metadata.name!%3Dweb", "", "list"),
         ("GET", PODS, "fieldSelector=metadata.namespace%3Ddev", "", "list"),
@@ -413,6 +424,8 @@ PODS = "/api/v1/tenants/acme/namespaces/dev/pods"
         ("GET", PODS, "fieldSelector=metadata.name%3D..", "", "list"),
         ("GET", PODS, "fieldSelector=metadata.name%3Da%2Fb", "", "list"),
         ("GET", PODS, "fieldSelector=metadata.name%3D", "", "list"),
+        # A malformed term anywhere: the store answers 400, so no name.
+        ("GET", PODS, "fieldSelector=x%3Da%5Cq,metadata.name%3Dweb", "", "list"),
         # Only lists and watches: a delete of a collection keeps its verb and no name.
         ("DELETE", PODS, "fieldSelector=metadata.name%3Dweb", "", "deletecollection"),
         ("GET", PODS + "/web", "fieldSelector=metadata.name%3Dother", "web", "get"),
@@ -586,3 +599,27 @@ def test_a_watch_is_a_get_only(method: str, raw: str) -> None:
     with pytest.raises(TargetError) as err:
         parse_target(method, raw)
     assert err.value.code == 405
+
+
+def test_field_terms_are_the_stores_reading() -> None:
+    """One reading of a `fieldSelector` (the store's selectors use `field_terms` too)."""
+    assert list(field_terms(r"a=1,,b==x\,y,c!=\\")) == [
+        ("a", "=", "1"),
+        ("b", "==", "x,y"),
+        ("c", "!=", "\\"),
+    ]
+    for text, why in (
+        ("a", "can't understand 'a'"),
+        (r"a=\q", r"bad escape in '\\q'"),
+        ("a=b=c", "unescaped '=' in 'b=c'"),
+    ):
+        with pytest.raises(SelectorError, match=re.escape(why)):
+            list(field_terms(text))
+
+
+def test_tenant_for_is_the_named_tenant_else_the_callers() -> None:
+    short = parse_target("GET", "/api/v1/namespaces/dev/pods")
+    assert short.tenant_for("acme") == "acme"
+    assert short.tenant_for("system") == "default"  # as `resolve_tenant` fills it
+    full = parse_target("GET", "/api/v1/tenants/beta/namespaces/dev/pods")
+    assert full.tenant_for("acme") == "beta"

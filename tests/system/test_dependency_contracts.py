@@ -1,25 +1,11 @@
-"""What the sidecar relies on in aiohttp beyond its documented API, checked so that an
-aiohttp upgrade that changes it fails here, by name, rather than in production.
+"""What the sidecar relies on in its dependencies beyond their documented API, checked so
+that an upgrade that changes it fails here, by name, rather than in production.
 
-aiohttp is pinned below the next minor release in pyproject.toml; before raising the
-bound, run this file against the new version. The internals used:
-
-- `web_protocol.RequestHandler.handle_error(request, status, exc, message)`, which
-  aiohttp calls for requests its HTTP parser refuses before any handler runs;
-  `sidecar/protocol_errors.py` replaces it (process-wide) to answer with a `Status` body
-  and log one line instead of a traceback. aiohttp has no hook for these answers.
-- `request.writer` (`write`, `output_size`) to send `100 Continue` only once the body
-  is read, after authorization (`sidecar/framing.py`); aiohttp's own expect handler
-  would send it before any stage ran.
-- `request.protocol.force_close()`, to close a connection right after an answer given
-  without reading the body, instead of draining it for `lingering_time`.
-
-
-- `Server.request_handler`, which each new connection's protocol reads: the sidecar's
-  runner (`sidecar/server.py`) sets it to the app's front door, bypassing the router.
-
-prometheus-client: `sidecar/metrics.py` flushes batched histogram observations into a
-labelled child's `_upper_bounds`, `_buckets` (per-bucket, not cumulative) and `_sum`.
+The list, with why each is used, is docs/architecture.md "Dependencies' internals we
+use": one test here per entry, and `test_the_docs_list_matches_the_code` keeps the list
+and the code in step. aiohttp and prometheus-client are pinned below their next minor
+release in pyproject.toml; before raising a bound, run this file against the new
+version.
 """
 
 from __future__ import annotations
@@ -30,10 +16,11 @@ import json
 import re
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web, web_protocol
+from aiohttp import http_exceptions, web, web_protocol
 from aiohttp.test_utils import TestServer
 
 from sidecar import framing, protocol_errors
@@ -55,6 +42,9 @@ def test_installed_aiohttp_is_within_the_pinned_range() -> None:
 def test_handle_error_keeps_its_signature() -> None:
     params = list(inspect.signature(web_protocol.RequestHandler.handle_error).parameters)
     assert params == ["self", "request", "status", "exc", "message"]
+    # The parser errors `protocol_errors` tells apart.
+    assert issubclass(http_exceptions.BadHttpMethod, http_exceptions.HttpProcessingError)
+    assert issubclass(http_exceptions.LineTooLong, http_exceptions.HttpProcessingError)
 
 
 @pytest.fixture
@@ -175,11 +165,13 @@ def test_histogram_children_keep_their_per_bucket_values() -> None:
     assert registry.get_sample_value("h_seconds_sum", {"t": "x"}) == 4.5
 
 
-async def test_the_front_door_runner_serves_through_the_request_handler() -> None:
-    """`FrontDoorRunner` answers through the handler it sets, not the app's router."""
+async def test_the_front_door_runner_serves_through_the_front_door() -> None:
+    """`FrontDoorRunner` (public aiohttp API only) answers through the app's front
+    door, not the app's router, and runs the app's startup and cleanup."""
     from sidecar.server import FrontDoorRunner
 
     app = web.Application()
+    ran: list[str] = []
 
     async def routed(_: web.Request) -> web.Response:
         return web.Response(text="router")
@@ -187,19 +179,105 @@ async def test_the_front_door_runner_serves_through_the_request_handler() -> Non
     async def front(_: web.Request) -> web.Response:
         return web.Response(text="front door")
 
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        ran.append("startup")
+        yield
+        ran.append("cleanup")
+
     app.router.add_get("/", routed)
+    app.cleanup_ctx.append(lifecycle)
     app[FRONT_DOOR] = front
     runner = FrontDoorRunner(app)
     await runner.setup()
     try:
         site = web.SockSite(runner, _listening_socket())
         await site.start()
-        port = site._sock.getsockname()[1]
+        port = runner.addresses[0][1]
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/") as resp:
                 assert await resp.text() == "front door"
     finally:
         await runner.cleanup()
+    assert ran == ["startup", "cleanup"]
+
+
+def test_the_value_class_is_picked_again_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`values.get_value_class()` reads `PROMETHEUS_MULTIPROC_DIR` when called, and
+    metrics made after `values.ValueClass` is replaced keep their values there."""
+    from prometheus_client import CollectorRegistry, Counter, values
+
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    counter = Counter("contract_total", "", registry=CollectorRegistry())
+    counter.inc()
+    assert list(tmp_path.glob("counter_*.db")), "the multiprocess value class was not used"
+
+
+# docs/architecture.md's list: each entry's names, as they appear in the code.
+_SECTION = "## Dependencies' internals we use"
+_CODE_NAMES = {
+    "handle_error": r"RequestHandler\.handle_error",
+    "BadHttpMethod": r"\bBadHttpMethod\b",
+    "LineTooLong": r"\bLineTooLong\b",
+    "writer": r"\brequest\.writer\b",
+    "force_close": r"\.protocol\.force_close\b",
+    "_upper_bounds": r"\._upper_bounds\b",
+    "_buckets": r"\._buckets\b",
+    "_sum": r"\._sum\b",
+    "ValueClass": r"\bvalues\.ValueClass\b",
+    "get_value_class": r"\bvalues\.get_value_class\b",
+}
+# What would be a dependency internal in a module that imports aiohttp or
+# prometheus-client: a private attribute of another object, aiohttp's private modules,
+# prometheus-client's value class, the request's writer and protocol.
+_SUSPECT = re.compile(
+    r"\b(?!self\.|cls\.|os\.|sys\.)\w+\._[a-z]\w*|super\(\)\._[a-z]\w*"
+    r"|\bweb_protocol\b|\bhttp_exceptions\b|\bweb_server\b|\bweb_runner\b"
+    r"|\bvalues\.(?:ValueClass|get_value_class)\b|\brequest\.writer\b|\.protocol\.\w+"
+)
+_IMPORTS_DEPENDENCY = re.compile(r"^(?:from|import) (?:aiohttp|prometheus_client)\b", re.M)
+# aiohttp's modules whose names the listed entries use.
+_MODULES = {"web_protocol": "handle_error", "http_exceptions": "BadHttpMethod"}
+
+
+def _docs_rows() -> list[list[str]]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split(_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:]]
+
+
+def test_the_docs_list_matches_the_code() -> None:
+    rows = _docs_rows()
+    assert rows, f"docs/architecture.md has no table under {_SECTION!r}"
+    this_file = (ROOT / "tests" / "system" / "test_dependency_contracts.py").read_text()
+    listed: set[str] = set()
+    for library, names, where, _why, tests in rows:
+        assert library in ("aiohttp", "prometheus-client"), library
+        files = re.findall(r"`(sidecar/[\w/]+\.py)`", where)
+        code = "\n".join((ROOT / f).read_text() for f in files)
+        found = [k for k in _CODE_NAMES if k in names]
+        assert found, f"no known name in {names!r}"
+        for key in found:
+            assert re.search(_CODE_NAMES[key], code), f"{key} is listed but not in {files}"
+            listed.add(key)
+        for test in re.findall(r"`(test_\w+)`", tests):
+            assert f"def {test}(" in this_file, f"{test} is named in the docs but missing"
+    # And every internal the code uses is listed.
+    for path in sorted((ROOT / "sidecar").rglob("*.py")):
+        text = path.read_text()
+        if not _IMPORTS_DEPENDENCY.search(text):
+            continue
+        for match in _SUSPECT.finditer(text):
+            used = match.group(0)
+            covered = any(re.search(_CODE_NAMES[k], used) for k in listed)
+            module = _MODULES.get(used)
+            assert covered or (module in listed), (
+                f"{path.relative_to(ROOT)} uses {used!r}: list it in docs/architecture.md"
+            )
 
 
 def _listening_socket() -> socket.socket:

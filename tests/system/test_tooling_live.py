@@ -246,8 +246,11 @@ async def test_concurrent_requests_during_100_reloads_are_consistent(
                     grant.unlink()
                 os.kill(live.proc.pid, signal.SIGHUP)
 
+                # The revision in force as /metrics shows it: set at the swap itself
+                # (/readyz reuses its answer for half a second, 100 times over).
                 async def swapped(want: str = want) -> bool:
-                    return want in (await ready(http, live.url))["checks"]["policy"]["detail"]
+                    info = f'sidecar_policy_info{{revision="{want}"}}'
+                    return await metric(http, live.url, info) == 1
 
                 await eventually(swapped, 10)
             stop.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache, PolicyEngine, compile_engine
 from sidecar.policy.explain import add_commands, evaluate_case, explain
 from sidecar.policy.files import parse_yaml_documents
-from sidecar.target import parse_target
+from sidecar.target import RequestTarget, Scope, parse_target
 from tests.rigs import paths
 
 CASES_DIR = paths.POLICY_CASES
@@ -131,6 +132,63 @@ def test_decision_cache_counts_and_keys(bundle: PolicyBundle) -> None:
     assert decide(e, o, node, {"spec": {"owner": "acme"}}, cache=cache).outcome == "allow"
     assert decide(e, o, node, {"spec": {"owner": "beta"}}, cache=cache).outcome == "notfound"
     assert decide(e, o, node, {"spec": {"owner": "acme"}}, cache=cache).outcome == "allow"
+
+
+def _key_variants(
+    e: PolicyEngine,
+) -> list[tuple[str, PolicyEngine, Identity, RequestTarget, PolicyEngine, Identity, RequestTarget]]:
+    """For every part of the decision-cache key, a base request and one that differs from
+    it in that part alone: (part, base engine/identity/target, varied engine/identity/target)."""
+    alice = who("alice", "acme", "devs")
+    pods = target("GET", "/api/v1/tenants/acme/namespaces/dev/pods/p1")
+    version = target("GET", "/version")
+    assert pods.resource_request
+    assert not version.resource_request
+    assert pods.scope is Scope.NAMESPACE
+    assert not pods.subresource
+    other_rev = PolicyEngine("other-rev", e.policy, e.compiled)
+    same = (e, alice, pods)
+    return [
+        ("revision", *same, other_rev, alice, pods),
+        ("user", *same, e, who("bob", "acme", "devs"), pods),
+        ("identity tenant", *same, e, who("alice", "beta", "devs"), pods),
+        ("verb", *same, e, alice, replace(pods, verb="delete")),
+        ("api group", *same, e, alice, replace(pods, api_group="apps")),
+        ("resource", *same, e, alice, replace(pods, resource="services")),
+        ("subresource", *same, e, alice, replace(pods, subresource="log")),
+        ("name", *same, e, alice, replace(pods, name="p2")),
+        ("scope", *same, e, alice, replace(pods, scope=Scope.TENANT)),
+        ("target tenant", *same, e, alice, replace(pods, tenant="beta")),
+        ("namespace", *same, e, alice, replace(pods, namespace="prod")),
+        ("path", e, alice, version, e, alice, replace(version, path="/openapi/v2")),
+        ("groups", *same, e, who("alice", "acme", "devs", "viewers"), pods),
+    ]
+
+
+def test_decision_cache_key_varies_with_every_part(bundle: PolicyBundle) -> None:
+    """Each part of the key on its own makes another entry: a request that differs from a
+    cached one in that part alone is a miss and gets its own decision, never the cached
+    one's; the cached request is still a hit."""
+    e = bundle.engine
+    variants = _key_variants(e)
+    # Every part of the key is varied: its fixed fields, then the groups (one part); the
+    # resource and the subresource are one field (`full_resource`), varied each.
+    fixed = len(DecisionCache.key(e, who("u", "t"), target("GET", "/version")))
+    assert fixed == 11
+    assert len(variants) == fixed + 1 + 1
+    for part, e1, id1, t1, e2, id2, t2 in variants:
+        assert DecisionCache.key(e1, id1, t1) != DecisionCache.key(e2, id2, t2), part
+        cache = DecisionCache(100)
+        first = decide(e1, id1, t1, cache=cache)
+        assert first == decide(e1, id1, t1), part
+        cached = len(cache)
+        assert cached > 0, part
+        varied = decide(e2, id2, t2, cache=cache)
+        assert len(cache) > cached, f"{part}: the varied request was a cache hit"
+        assert varied == decide(e2, id2, t2), part
+        grown = len(cache)
+        assert decide(e1, id1, t1, cache=cache) == first, part
+        assert len(cache) == grown, f"{part}: the first request is no longer a hit"
 
 
 def test_decision_cache_is_bounded(bundle: PolicyBundle) -> None:

@@ -10,6 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sidecar.errors import StatusError
+from sidecar.policy.explain import case_patch_kind
+from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, enforce_owner, patch_kind
 from tests.rigs import processes
 from tests.rigs.client import BearerClient
 from tests.rigs.paths import POLICY_CASES as CASES_DIR
@@ -164,3 +167,37 @@ async def test_restricted_and_unrestricted_allocations(client: BearerClient) -> 
     assert names(body) == ["a1", "a3"]
     assert (await client("oscar", "GET", f"{acme}/a3"))[0] == 404
     assert (await client("oscar", "DELETE", f"{acme}/a1"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("op", "code"),
+    [
+        # Read as JSON pointers (RFC 6901, the `jsonpointer` library the store applies
+        # patches with): only the owner itself, or an object above it, is the owner.
+        ({"op": "add", "path": "/spec/", "value": "beta"}, 0),  # the key "" of spec
+        ({"op": "replace", "path": "/spec~1owner", "value": "beta"}, 0),  # key "spec/owner"
+        ({"op": "replace", "path": "/spec/owner", "value": "beta"}, 403),
+        ({"op": "replace", "path": "/spec", "value": {}}, 403),
+        ({"op": "move", "from": "/spec", "path": "/x"}, 403),
+        # Not a JSON pointer: the store's 400, answered here.
+        ({"op": "replace", "path": "spec/owner", "value": "beta"}, 400),
+        ({"op": "replace", "path": "/spec/~2", "value": "beta"}, 400),
+    ],
+)
+def test_json_patch_paths_are_json_pointers(op: dict[str, Any], code: int) -> None:
+    patch = [op]
+    if not code:
+        assert enforce_owner(patch, "acme", ("spec.owner",), "patch", "json") == patch
+        return
+    with pytest.raises(StatusError) as info:
+        enforce_owner(patch, "acme", ("spec.owner",), "patch", "json")
+    assert info.value.code == code
+
+
+def test_a_test_cases_body_is_read_as_a_request_with_its_content_type() -> None:
+    """`policy test` cases have no Content-Type: one rule (`patch_kind`) reads both."""
+    assert case_patch_kind("PATCH", [{"op": "test", "path": "/a", "value": 1}]) == patch_kind(
+        "PATCH", JSON_PATCH
+    )
+    assert case_patch_kind("PATCH", {"a": 1}) == patch_kind("PATCH", MERGE_PATCH) == "merge"
+    assert case_patch_kind("PUT", {"a": 1}) == patch_kind("PUT", JSON_PATCH) == ""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 
 from sidecar.app import build_app
 from sidecar.config import load_config
+from tests.rigs.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = str(ROOT / "policies")
@@ -127,13 +127,6 @@ def test_who_can_broken_tree(tmp_path: Path) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def test_can_i_list_is_the_rules_review(tmp_path: Path, aiohttp_client: Any) -> None:
     (tmp_path / "tokens.yaml").write_text(
         yaml.safe_dump(
@@ -141,7 +134,7 @@ async def test_can_i_list_is_the_rules_review(tmp_path: Path, aiohttp_client: An
         )
     )
     raw = {
-        "upstream": f"http://127.0.0.1:{_free_port()}",
+        "upstream": f"http://127.0.0.1:{free_port()}",
         "policies": POLICIES,
         "identity": {"tokenFile": str(tmp_path / "tokens.yaml")},
         "ledger": f"sqlite:///{tmp_path / 'ledger.db'}",

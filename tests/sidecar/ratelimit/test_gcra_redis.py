@@ -106,12 +106,10 @@ async def test_two_limiters_share_one_limit(redis_url: str, redis_prefix: str) -
 async def test_unreachable_redis_fails_open_counted_and_logged_once(
     redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    proxy = Forwarder()
+    proxy = Forwarder(redis_url)
     await proxy.start()
     metrics = Metrics()
-    t = tier(
-        f"redis://127.0.0.1:{proxy.port}/0", redis_prefix, metrics, timeout=0.5, log_interval=3600
-    )
+    t = tier(proxy.url, redis_prefix, metrics, timeout=0.5, log_interval=3600)
     try:
         spec = Rate(100.0, 100)
         assert (v := await t.acquire("acme", [("all", spec)])) is not None
@@ -136,12 +134,12 @@ async def test_stage_falls_back_to_local_tier_when_redis_stops(
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
-    proxy = Forwarder()
+    proxy = Forwarder(redis_url)
     await proxy.start()
     config = load_config(
         env={},
         overrides={
-            "rateLimit.global": f"redis://127.0.0.1:{proxy.port}/0",
+            "rateLimit.global": proxy.url,
             "rateLimit.globalPrefix": redis_prefix,
             "rateLimit.redisTimeout": 0.5,
         },

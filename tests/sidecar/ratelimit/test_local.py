@@ -11,11 +11,11 @@ import pytest
 
 from sidecar.policy.ratelimits import Rate
 from sidecar.ratelimit.inflight import InFlight
-from sidecar.ratelimit.local import LocalLimiter, Verdict
+from sidecar.ratelimit.local import BucketAnswer, LocalLimiter
 from tests.rigs.clock import FakeClock
 
 
-async def take(limiter: LocalLimiter, key: str, spec: Rate) -> Verdict:
+async def take(limiter: LocalLimiter, key: str, spec: Rate) -> BucketAnswer:
     verdict = await limiter.acquire([(key, spec)])
     assert verdict is not None
     return verdict
@@ -204,7 +204,7 @@ def test_refusals_and_looks_store_no_bucket() -> None:
     assert peeked is not None
     assert (peeked.remaining, peeked.reset) == (1, 0)
     assert len(limiter.buckets) == 0
-    assert limiter.try_acquire([("t", spec)]) == Verdict(True, 1, 0, 1, window=1.0)
+    assert limiter.try_acquire([("t", spec)]) == BucketAnswer(True, 1, 0, 1, window=1.0)
     assert len(limiter.buckets) == 1
     # Two buckets, one of them short: the refusal takes nothing and stores nothing.
     refused = limiter.try_acquire([("u", Rate(5.0, 5)), ("t", spec)])
@@ -220,7 +220,7 @@ def test_evicting_a_full_bucket_changes_nothing() -> None:
     spec = Rate(2.0, 3)
     clocks = FakeClock(1000.0), FakeClock(1000.0)
     small, large = LocalLimiter(1, clocks[0]), LocalLimiter(100, clocks[1])
-    answers: list[list[Verdict | None]] = [[], []]
+    answers: list[list[BucketAnswer | None]] = [[], []]
     for round_ in range(6):
         for tenant in ("a", "b", "c"):
             for limiter, clock, out in zip((small, large), clocks, answers, strict=True):

@@ -106,11 +106,11 @@ async def test_two_sidecars_share_one_global_limit(
 
 @pytest.mark.redis
 async def test_redis_going_away_falls_back_to_local_tier(
-    tmp_path: Path, store: processes.Proc, redis_prefix: str
+    tmp_path: Path, store: processes.Proc, redis_url: str, redis_prefix: str
 ) -> None:
-    proxy = Forwarder()
+    proxy = Forwarder(redis_url)
     await proxy.start()
-    config = sidecar_config(tmp_path, store.url, f"redis://127.0.0.1:{proxy.port}/0", redis_prefix)
+    config = sidecar_config(tmp_path, store.url, proxy.url, redis_prefix)
     config["rateLimit"]["failOpenLogInterval"] = 3600
     sidecar = processes.start_sidecar(tmp_path, config, metrics=True)
     scrape = f"127.0.0.1:{sidecar.extra['metrics_port']}"  # /metrics without credentials
