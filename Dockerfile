@@ -20,6 +20,6 @@ COPY policies /etc/sidecar/policies
 USER 10001:10001
 EXPOSE 8443
 # /healthz on $SIDECAR_LISTEN's port: HTTPS when tls.certFile/keyFile are set, else HTTP.
-HEALTHCHECK --interval=10s --timeout=5s CMD ["python", "-m", "sidecar.tls"]
+HEALTHCHECK --interval=10s --timeout=5s CMD ["python", "-m", "sidecar.edge.tls"]
 ENTRYPOINT ["sidecar"]
 CMD ["serve"]

@@ -1,8 +1,8 @@
 """The HTTP service of the reference backing store (DESIGN §10).
 
-One catch-all aiohttp route: the URL is parsed with `sidecar.target.parse_target`
+One catch-all aiohttp route: the URL is parsed with `sidecar.core.target.parse_target`
 (the same grammar the sidecar uses), the resource type comes from `resources.py`, and
-the verb picks a handler. Errors are Kubernetes Status bodies from `sidecar.errors`;
+the verb picks a handler. Errors are Kubernetes Status bodies from `sidecar.core.status`;
 a missing tenant answers exactly `tenant_not_found(t)`, the body the sidecar uses to
 conceal other tenants. The service trusts `X-Remote-Tenant` (set by the sidecar) to
 resolve short paths; `assume_tenant` (off by default) stands in for a missing header.
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from sidecar.target import (
+from sidecar.core.target import (
     DEFAULT_TENANT,
     RESERVED_TENANTS,
     SYSTEM_TENANT,

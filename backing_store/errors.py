@@ -1,7 +1,7 @@
 """Kubernetes `Status` bodies for every error the backing store answers.
 
 The store is a separate service and imports nothing from the sidecar; the sidecar has
-its own copy of these rules (`sidecar/errors.py`). A contract test
+its own copy of these rules (`sidecar/core/status.py`). A contract test
 (tests/system/test_architecture.py) checks that both give byte-for-byte the same bodies, so
 that a tenant the sidecar conceals gets exactly the 404 of a tenant the store does
 not know.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.target import SelectorError, field_terms
+from sidecar.core.target import SelectorError, field_terms
 
 from .errors import bad_request
 from .storage import Clause

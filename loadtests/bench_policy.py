@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sidecar.context import Identity
+from sidecar.core.identity import Identity
+from sidecar.core.target import RequestTarget, Scope
 from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache, compile_engine
-from sidecar.policy.files import load_documents
-from sidecar.target import RequestTarget, Scope
+from sidecar.policy.source.files import load_documents
 
 SIZES = [("1k", 1_000, 10), ("10k", 10_000, 1_000), ("100k", 100_000, 10_000)]
 RESOURCES = ["pods", "services", "configmaps", "secrets", "servers", "bays", "jobs", "events"]

@@ -25,10 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.bench_policy import generate
-from sidecar.config import ReloadConfig
-from sidecar.metrics import Metrics
-from sidecar.policy.reload import RETIRE_DELAY_SECONDS, Reloader
-from sidecar.policy.store import PolicyStore
+from sidecar.config.settings import ReloadConfig
+from sidecar.policy.source.reload import RETIRE_DELAY_SECONDS, Reloader
+from sidecar.policy.source.store import PolicyStore
+from sidecar.services.metrics import Metrics
 
 
 def pct(gaps: list[float], q: float) -> float:

@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as a script: make `loadtests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.scenarios import DEFAULT_SECONDS, SCENARIOS, Options
-from sidecar.redis_client import RedisUrlError, parse_redis_url
+from sidecar.config.redis_url import RedisUrlError, parse_redis_url
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,8 +52,8 @@ from loadtests.stack import (
     servers_path,
     tokens_for,
 )
-from sidecar.redact import redact_url
-from sidecar.redis_client import open_redis, tenant_key
+from sidecar.core.redact import redact_url
+from sidecar.services.redis_client import open_redis, tenant_key
 
 REDIS_URL = os.environ.get("LOADTEST_REDIS", "redis://127.0.0.1:6379/0")
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from sidecar import launch
-from sidecar.launch import free_port as free_port  # the loadtests' name for it
+from sidecar.cli import launch
+from sidecar.cli.launch import free_port as free_port  # the loadtests' name for it
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def _env() -> dict[str, str]:
 @dataclass
 class Stack:
     """The processes of one run, under one work directory (started through
-    `sidecar.launch`)."""
+    `sidecar.cli.launch`)."""
 
     work: Path
     procs: list[Proc] = field(default_factory=list)

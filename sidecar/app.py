@@ -20,7 +20,7 @@ Each route runs a prefix of that one list in front of its own terminal:
 
 Every request enters through one function, the front door (`FRONT_DOOR`): the
 `Expect` check, the framing guard, then the dispatch by path. `sidecar serve` hands
-requests to it straight from aiohttp's server (`sidecar/server.py`); the aiohttp
+requests to it straight from aiohttp's server (`sidecar/edge/server.py`); the aiohttp
 router, which test clients go through, has one catch-all route to the same dispatch
 with the same guard and `Expect` handler, so both paths answer alike.
 
@@ -39,36 +39,41 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar import discovery, framing, protocol_errors
-from sidecar.audit import AuditLog, AuditStage
-from sidecar.authorize import Authorizer, AuthorizeStage, forwarded
-from sidecar.config import Config
-from sidecar.context import RequestContext, request_id_for
-from sidecar.error_stage import ErrorStage
-from sidecar.health import Readiness, metrics_handler, probe_handler
-from sidecar.identity.credentials import CredentialWatcher
-from sidecar.identity.impersonation import ImpersonationStage
-from sidecar.identity.stage import IdentityStage, build_authenticators
-from sidecar.kube_protobuf import offload as protobuf_offload
-from sidecar.metrics import Metrics, MetricsStage
-from sidecar.parse_stage import ParseStage
-from sidecar.pipeline import Handler, Stage, build_chain
+from sidecar.config.settings import Config
+from sidecar.edge import discovery
+from sidecar.edge.health import Readiness, metrics_handler, probe_handler
+from sidecar.edge.proxy import Upstream
+from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
+from sidecar.edge.quota_api import QuotaApi, QuotaService, upstream_tenant_check
+from sidecar.edge.reviews import ReviewApi
+from sidecar.edge.server import FRONT_DOOR, HANDLER_ARGS, Route
+from sidecar.edge.watches import WatchTerms
+from sidecar.pipeline.audit import AuditStage
+from sidecar.pipeline.authorize import Authorizer, AuthorizeStage, forwarded
+from sidecar.pipeline.chain import Handler, Stage, build_chain
+from sidecar.pipeline.context import RequestContext, request_id_for
+from sidecar.pipeline.errors import ErrorStage
+from sidecar.pipeline.identity import IdentityStage
+from sidecar.pipeline.impersonation import ImpersonationStage
+from sidecar.pipeline.metrics import MetricsStage
+from sidecar.pipeline.parse import ParseStage
+from sidecar.pipeline.quota import QuotaStage, ledger_ready
+from sidecar.pipeline.ratelimit import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.pipeline.transcode import TranscodeStage
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
-from sidecar.policy.reload import Reloader
-from sidecar.policy.store import PolicyStore
-from sidecar.proxy import Upstream
-from sidecar.quota.api import PREFIX as QUOTA_PREFIX
-from sidecar.quota.api import QuotaApi, QuotaService, upstream_tenant_check
-from sidecar.quota.gauges import QuotaGauges
-from sidecar.quota.ledger import open_ledger
-from sidecar.quota.reconcile import periodic, upstream_fetch
-from sidecar.quota.redis import RedisLedger
-from sidecar.quota.stage import QuotaStage, ledger_ready
-from sidecar.ratelimit.stage import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
-from sidecar.reviews import ReviewApi
-from sidecar.transcode import TranscodeStage
-from sidecar.watches import WatchTerms
+from sidecar.policy.source.reload import Reloader
+from sidecar.policy.source.store import PolicyStore
+from sidecar.services.audit import AuditLog
+from sidecar.services.codecs.kube_protobuf import offload as protobuf_offload
+from sidecar.services.identity.authenticators import build_authenticators
+from sidecar.services.identity.credentials import CredentialWatcher
+from sidecar.services.metrics import Metrics
+from sidecar.services.quota.factory import open_ledger
+from sidecar.services.quota.gauges import QuotaGauges
+from sidecar.services.quota.reconcile import periodic, upstream_fetch
+from sidecar.services.quota.redis import RedisLedger
+from sidecar.wire import framing, protocol_errors
 
 log = logging.getLogger("sidecar")
 
@@ -79,13 +84,6 @@ READINESS_KEY = web.AppKey("readiness", Readiness)
 
 
 Lifecycle = Callable[[web.Application], AsyncIterator[None]]
-Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-# The app's front door (see the module docstring), for `sidecar/server.py`.
-FRONT_DOOR: web.AppKey[Route] = web.AppKey("front_door")
-# The app's `handler_args` (aiohttp's per-connection limits), which the front door's
-# server (`sidecar/server.py`) is built with too.
-HANDLER_ARGS: web.AppKey[dict[str, Any]] = web.AppKey("handler_args")
 
 
 def build_app(config: Config) -> web.Application:
@@ -109,7 +107,7 @@ def build_app(config: Config) -> web.Application:
         ledger, metrics, lambda: policy.current.quotas, config.quota.gauge_interval_seconds
     )
     authorizer = Authorizer(
-        DecisionCache(config.cache.decisions, metrics),
+        DecisionCache(config.cache.decisions, metrics.count_decision_cache),
         OwnerLookup(config.cache.owners, config.cache.owner_ttl_seconds),
         upstream.get_json,
         conceal=config.conceal_other_tenants,

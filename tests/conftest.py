@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from sidecar.quota.ledger import Ledger
+from sidecar.services.quota.ledger import Ledger
 from tests.rigs import inprocess, kube, processes, redis_topologies
 from tests.rigs.clock import FakeClock
 from tests.rigs.ledgers import BACKENDS, make_ledger, redis_url_for

@@ -30,8 +30,8 @@ from typing import Any
 import casbin
 from casbin.model import Model
 
-from sidecar.policy.files import Document, load_documents
 from sidecar.policy.rbac import BindingDef, RbacPolicy, parse_rbac
+from sidecar.policy.source.files import Document, load_documents
 
 MODEL_TEXT = """\
 [request_definition]

@@ -3,13 +3,13 @@
 `decide(bundle, identity, target, obj, body)` → `Verdict`: allow / filter (forwarded),
 deny (403) or notfound (404), with the reason, the binding → role → rule that allowed
 it, and what owner rules still ask of the request. Tenant isolation is part of it
-(`sidecar.isolation` is the one rule for 404 versus 403). It is pure: it reads
+(`sidecar.policy.isolation` is the one rule for 404 versus 403). It is pure: it reads
 nothing but its arguments (and the optional `DecisionCache` of policy matches).
 
 Everything that decides calls it: the authorize stage (which only does the I/O around
 it: reads the stored owner when `needs_object`, the body when `needs_body`, and calls
 again), `sidecar policy explain` and `policy test`, the access reviews
-(`sidecar/reviews.py`) and the quota API.
+(`sidecar/edge/reviews.py`) and the quota API.
 
 Built-in grants, in force whatever the policy: anyone may review their own access
 (`selfsubjectaccessreviews`, `selfsubjectrulesreviews`, `selfsubjectreviews`), and a
@@ -29,18 +29,23 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from sidecar.context import Identity
-from sidecar.errors import StatusError, forbidden, forbidden_message, not_found
-from sidecar.isolation import QUOTA_GROUP, inside_caller_tenant, outside_caller_tenant, refusal
+from sidecar.core.identity import Identity
+from sidecar.core.status import StatusError, forbidden, forbidden_message, not_found
+from sidecar.core.target import RequestTarget, Scope, is_dns1123_label
 from sidecar.policy.decision import NO_OWNER_CONSTRAINTS, OwnerConstraints, Verdict
 from sidecar.policy.engine import DecisionCache, Grant, Match, PolicyEngine
+from sidecar.policy.isolation import (
+    QUOTA_GROUP,
+    inside_caller_tenant,
+    outside_caller_tenant,
+    refusal,
+)
 from sidecar.policy.owner import PatchKind, enforce_owner, owner_value
 from sidecar.policy.rbac import owner_rule_decides
 from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
-from sidecar.target import RequestTarget, Scope, is_dns1123_label
 
 if TYPE_CHECKING:
-    from sidecar.policy.bundle import PolicyBundle
+    from sidecar.policy.source.bundle import PolicyBundle
 
 NO_BODY: Any = object()
 
@@ -56,7 +61,7 @@ SELF_REVIEWS = frozenset(
         (AUTHENTICATION_GROUP, "selfsubjectreviews"),
     }
 )
-# Every review the sidecar answers itself (`sidecar/reviews.py`).
+# Every review the sidecar answers itself (`sidecar/edge/reviews.py`).
 REVIEWS = SELF_REVIEWS | {(AUTHORIZATION_GROUP, "subjectaccessreviews")}
 
 

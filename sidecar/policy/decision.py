@@ -6,7 +6,7 @@ still ask of it (a list filter, the owner fields a write's body must keep to the
 caller's tenant, or the stored object the verdict depends on). A refusal also says
 whether a mode (dry-run) may relax it (`relaxable`) or why no mode ever does (`held`):
 `decide.py` computes both, and every stage, command and review that asks "would this
-be forwarded?" reads them (`sidecar.policy.modes.forwards`).
+be forwarded?" reads them (`sidecar.policy.kinds.modes.forwards`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.errors import StatusError
-from sidecar.target import RequestTarget
+from sidecar.core.status import StatusError
+from sidecar.core.target import RequestTarget
 
 Outcome = Literal["allow", "deny", "filter", "notfound"]
 OUTCOMES: tuple[Outcome, ...] = ("allow", "deny", "filter", "notfound")

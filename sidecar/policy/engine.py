@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
 
-from sidecar.context import Identity
+from sidecar.core.identity import Identity
+from sidecar.core.target import RequestTarget, Scope, is_dns1123_label
 from sidecar.policy.compile import (
     NO_DOMAIN,
     OWNER_PREFIX,
@@ -36,15 +37,13 @@ from sidecar.policy.compile import (
     split_set,
     tenant_ok,
 )
-from sidecar.policy.files import Document, Problem, collector_paused
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, RbacPolicy, group_key, parse_rbac, user_key
 from sidecar.policy.scopes import DEFAULT_OWNER_FIELDS, is_cluster_scoped
-from sidecar.target import RequestTarget, Scope, is_dns1123_label
+from sidecar.policy.source.files import Document, Problem, collector_paused
 
 if TYPE_CHECKING:
     import casbin
 
-    from sidecar.metrics import Metrics
 
 RBAC_KINDS = frozenset(
     {
@@ -349,13 +348,14 @@ class DecisionCache:
     (`can_reach`), and whether a cluster-wide grant allows it (`cluster_wide`). The
     verdict built from these (`decide.py`) is cheap; these are what cost."""
 
-    def __init__(self, maxsize: int, metrics: Metrics | None = None) -> None:
+    def __init__(self, maxsize: int, count: Callable[[bool], None] | None = None) -> None:
+        """`count(hit)` is called on every lookup (`Metrics.count_decision_cache`)."""
         self._lru: LRUCache[Hashable, Any] = LRUCache(maxsize=max(1, maxsize))
-        self._metrics = metrics
+        self._counter = count
 
     def _count(self, hit: bool) -> None:
-        if self._metrics is not None:
-            self._metrics.child(self._metrics.decision_cache, "hit" if hit else "miss").inc()
+        if self._counter is not None:
+            self._counter(hit)
 
     @staticmethod
     def key(engine: PolicyEngine, identity: Identity, target: RequestTarget) -> tuple[Any, ...]:

@@ -4,7 +4,7 @@ Owns reading an owner field out of an object, the owner lookup through the upstr
 (a GET the sidecar makes itself; reads may use a bounded TTL cache keyed by the
 caller's tenant so one tenant never sees another's entry, writes always read fresh),
 the owner filter for list responses (`list_filter`: which items and Table rows pass,
-item by item; the streaming itself is sidecar/listfilter.py's), and the body rule
+item by item; the streaming itself is sidecar/services/listfilter.py's), and the body rule
 for writes under a grant that is not cluster-wide (`enforce_owner`: the owner is the
 caller's tenant, filled in when empty). The policy side (which grant applies, which
 fields carry an owner) lives in the engine; this module never imports it.
@@ -22,9 +22,9 @@ from urllib.parse import quote
 from cachetools import TTLCache
 from jsonpointer import JsonPointer, JsonPointerException
 
-from sidecar.context import Identity
-from sidecar.errors import StatusError, forbidden
-from sidecar.target import RequestTarget, Scope
+from sidecar.core.identity import Identity
+from sidecar.core.status import StatusError, forbidden
+from sidecar.core.target import RequestTarget, Scope
 
 _MISSING = object()
 
@@ -154,7 +154,7 @@ def table_version(accept: str) -> str | None:
 class OwnerListFilter:
     """The owner filter of one list (DESIGN §5): which items and Table rows the caller
     may see, and what a kept row carries. Applied item by item as the answer streams
-    (sidecar/listfilter.py).
+    (sidecar/services/listfilter.py).
 
     A list asked for as a Table (`table`, kubectl's `get`) is forwarded with
     `includeObject=Object`, so every row carries the object its owner is read from;

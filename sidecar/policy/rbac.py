@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.policy.files import Document, Node, NodeList, Problem
-from sidecar.target import SYSTEM_TENANT, is_dns1123_label
+from sidecar.core.target import SYSTEM_TENANT, is_dns1123_label
+from sidecar.policy.source.files import Document, Node, NodeList, Problem
 
 CLUSTER_ROLE = "ClusterRole"
 TENANT_ROLE = "TenantRole"

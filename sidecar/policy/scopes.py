@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sidecar.isolation import QUOTA_GROUP
+from sidecar.policy.isolation import QUOTA_GROUP
 
 # (API group, plural)
 CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from backing_store.app import HUB_KEY, make_app
-from sidecar.errors import tenant_not_found
+from sidecar.core.status import tenant_not_found
 from tests.rigs.waiting import eventually
 
 Client = TestClient[web.Request, web.Application]

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from backing_store.app import make_app
-from sidecar.errors import tenant_not_found
+from sidecar.core.status import tenant_not_found
 
 Client = TestClient[web.Request, web.Application]
 

@@ -63,13 +63,13 @@ def test_percentile_is_nearest_rank() -> None:
 def test_summarise_collapsed_counts_self_and_inclusive_time(tmp_path: Path) -> None:
     raw = tmp_path / "raw.txt"
     raw.write_text(
-        "main (/work/main/sidecar/cli.py:1);decide (/work/main/sidecar/authorize.py:9) 3\n"
-        "main (/work/main/sidecar/cli.py:1);write (/x/lib/python3.11/asyncio/t.py:5) 1\n"
+        "main (/work/main/sidecar/cli/main.py:1);decide (/work/main/sidecar/pipeline/authorize.py:9) 3\n"
+        "main (/work/main/sidecar/cli/main.py:1);write (/x/lib/python3.11/asyncio/t.py:5) 1\n"
     )
     text = summarise_collapsed(raw)
     assert "4 samples" in text
-    assert "75.0%  decide (sidecar/authorize.py)" in text
-    assert "100.0%  main (sidecar/cli.py)" in text
+    assert "75.0%  decide (sidecar/pipeline/authorize.py)" in text
+    assert "100.0%  main (sidecar/cli/main.py)" in text
     assert "25.0%  asyncio (event loop)" in text
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from aiohttp import web
 
 from loadtests.many_tenants import FLOOD_GROUP, flood, tenant_name
-from sidecar.target import is_dns1123_label
+from sidecar.core.target import is_dns1123_label
 
 
 async def test_flood_sends_one_request_per_tenant_with_its_headers() -> None:

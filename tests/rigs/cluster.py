@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sidecar.demo import Authority
+from sidecar.cli.demo import Authority
 from tests.rigs import paths, processes
 
 SHIPPED_POLICIES = paths.SHIPPED_POLICIES

@@ -1,5 +1,5 @@
 """A protobuf worker that is slow on demand (the fault, for the offload tests): the real
-worker (sidecar/kube_protobuf/worker.py), except that before answering a body it waits
+worker (sidecar/services/codecs/kube_protobuf/worker.py), except that before answering a body it waits
 until the test opens that body's gate, the FIFO `GATES/<metadata.name>`.
 
     python -m tests.rigs.gated_worker GATES
@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from sidecar.kube_protobuf import codec, worker
-from sidecar.kube_protobuf.descriptors import CLASSES
+from sidecar.services.codecs.kube_protobuf import codec, worker
+from sidecar.services.codecs.kube_protobuf.descriptors import CLASSES
 
 
 def command(gates: Path) -> list[str]:

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sidecar.app import build_app
-from sidecar.config import load_config
+from sidecar.config.settings import load_config
 
 # Each tenant's users get everything inside their own tenant through a
 # TenantRoleBinding; system operators get everything through a ClusterRoleBinding.

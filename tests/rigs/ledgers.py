@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sidecar.quota.ledger import Clock, Ledger
-from sidecar.quota.redis import RedisLedger
-from sidecar.quota.sqlite import SqliteLedger
+from sidecar.services.quota.ledger import Clock, Ledger
+from sidecar.services.quota.redis import RedisLedger
+from sidecar.services.quota.sqlite import SqliteLedger
 
 BACKENDS = ["sqlite", "redis", "redis-cluster", "redis-sentinel"]
 # The fixture of tests/conftest.py whose `.url` is each replicated topology's URL.

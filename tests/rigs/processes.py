@@ -3,7 +3,7 @@
 Integration tests use these helpers; each process gets a free random port on
 127.0.0.1 and is stopped (SIGTERM, then SIGKILL) when the test ends. How to start,
 wait for and stop them (and retry on new ports when a picked port is taken before
-the child binds it) is `sidecar/launch.py`'s; this module gives it the tests'
+the child binds it) is `sidecar/cli/launch.py`'s; this module gives it the tests'
 defaults: the repository as working directory, files in the test's `tmp`, a SQLite
 ledger and an audit log in `tmp` for every sidecar.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from sidecar import launch
-from sidecar.launch import BIND_ATTEMPTS, AddressInUse, free_port, start_on_free_ports
+from sidecar.cli import launch
+from sidecar.cli.launch import BIND_ATTEMPTS, AddressInUse, free_port, start_on_free_ports
 from tests.rigs.paths import ROOT
 
 __all__ = [

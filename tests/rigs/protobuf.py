@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sidecar.kube_protobuf import MAGIC, transcode
+from sidecar.services.codecs.kube_protobuf import MAGIC, transcode
 
 # ---- the wire encoder -------------------------------------------------------------------
 

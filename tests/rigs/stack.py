@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.launch import ProcessGroup
+from sidecar.cli.launch import ProcessGroup
 from tests.rigs import processes
 from tests.rigs.policies import admin_policy
 

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from backing_store.app import read_target
-from sidecar.target import RequestTarget, TargetError
+from sidecar.core.target import RequestTarget, TargetError
 
 # The parts of a reading both sides must agree on.
 Reading = tuple[Any, ...]

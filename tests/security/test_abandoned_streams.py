@@ -390,7 +390,7 @@ async def test_watch_answer_to_a_list_is_cut(tmp_path: Path, mode: str) -> None:
     ],
 )
 def test_watch_events_are_told_from_other_answers(first: bytes, is_watch: bool) -> None:
-    from sidecar.proxy import looks_like_watch_events  # here: the processes above need none
+    from sidecar.edge.proxy import looks_like_watch_events  # here: the processes above need none
 
     assert looks_like_watch_events(first) is is_watch
 

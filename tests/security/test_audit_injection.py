@@ -158,7 +158,7 @@ async def test_every_record_is_one_line(tmp_path: Path) -> None:
 
 def test_encoder_escapes_every_line_separator() -> None:
     """The encoder itself, whatever a stage puts in a record (names, reasons, extras)."""
-    from sidecar.audit import encode
+    from sidecar.services.audit import encode
 
     for sep in [*SEPARATORS, "\n", "\ud800", "\x00"]:
         record = {

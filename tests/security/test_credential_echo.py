@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.redact import MASK
+from sidecar.core.redact import MASK
 from tests.rigs import processes
 from tests.rigs.inprocess import write_policy
 from tests.rigs.tokens import SECRET, claims, hs256

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.errors import StatusError
+from sidecar.core.status import StatusError
 from sidecar.policy.owner import enforce_owner
 from tests.rigs import modes
 from tests.rigs.tenancy import Env, seed

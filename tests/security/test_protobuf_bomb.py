@@ -12,7 +12,7 @@ bodies in flight queued every other tenant's protobuf bodies over 2 KiB behind t
 the one worker, and its waiting bodies held the default executor's threads, so a token
 removed from the token file kept working for seconds. Now a tenant has one body in the
 workers at a time, small bodies are converted in place, and nothing waits on the
-default executor (sidecar/kube_protobuf/offload.py)."""
+default executor (sidecar/services/codecs/kube_protobuf/offload.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from sidecar.kube_protobuf import MEDIA_TYPE
+from sidecar.services.codecs.kube_protobuf import MEDIA_TYPE
 from tests.rigs.protobuf import entry, envelope, finalizer_bomb, ld, map_bomb, meta
 from tests.rigs.stack import ALICE, BOB, CONFIGMAPS, TOKENS, Env
 from tests.rigs.waiting import eventually

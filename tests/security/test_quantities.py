@@ -22,8 +22,8 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sidecar.quantities import CPU, MAX_UNITS, MEMORY, QuantityError, exact_units, to_units
-from sidecar.quota.meters import charge_for
+from sidecar.core.quantities import CPU, MAX_UNITS, MEMORY, QuantityError, exact_units, to_units
+from sidecar.services.quota.meters import charge_for
 from tests.rigs.quota import DEPLOYMENTS, PODS, deployment, pod, quota_env
 
 BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}

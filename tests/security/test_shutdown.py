@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
-from sidecar.quota.sqlite import SqliteLedger
+from sidecar.services.quota.sqlite import SqliteLedger
 from tests.rigs import processes
 from tests.rigs.lossy import Loss, LossyRelay
 from tests.rigs.policies import admin_policy

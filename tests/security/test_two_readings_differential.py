@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sidecar.target import TargetError, parse_target
+from sidecar.core.target import TargetError, parse_target
 from tests.rigs import processes
 from tests.rigs.paths import ROOT
 from tests.rigs.upstream_reader import UpstreamReader, reading_of

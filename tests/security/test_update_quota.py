@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from sidecar.quantities import format_units
-from sidecar.quota.meters import charge_for
+from sidecar.core.quantities import format_units
+from sidecar.services.quota.meters import charge_for
 from tests.rigs import processes
 from tests.rigs.cluster import ClusterEnv, start_cluster, stop_cluster
 from tests.rigs.ledgers import ledger_for_kind

@@ -233,7 +233,7 @@ async def test_watch_ends_within_max_watch_seconds(tmp_path: Path) -> None:
             await ends_cleanly(watch)
             # Each watch's limit is drawn between 1 and 2 times of maxWatchSeconds; the
             # upper bound is checked with an injected random source in
-            # tests/sidecar/test_watches.py, here only the hang guard holds it.
+            # tests/sidecar/edge/test_watches.py, here only the hang guard holds it.
             assert time.monotonic() - started >= 1.0
         # The client re-watches, and gets a new watch.
         again = await r.watch("wanda-token")

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from sidecar.app import READINESS_KEY, build_app
-from sidecar.config import load_config
+from sidecar.config.settings import load_config
 from tests.rigs import paths, processes
 
 ROOT = paths.ROOT

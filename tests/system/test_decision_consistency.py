@@ -35,13 +35,13 @@ from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 from sidecar.app import build_app
-from sidecar.config import load_config
-from sidecar.policy.bundle import PolicyBundle, load_bundle
+from sidecar.config.settings import load_config
 from sidecar.policy.decision import Verdict
-from sidecar.policy.explain import case_verdict, evaluate_case
-from sidecar.policy.impersonation import case_headers
-from sidecar.policy.modes import MODES, forwards, mode_for
-from sidecar.policy.testing import PolicyCase, parse_tests
+from sidecar.policy.kinds.impersonation import case_headers
+from sidecar.policy.kinds.modes import MODES, forwards, mode_for
+from sidecar.policy.source.bundle import PolicyBundle, load_bundle
+from sidecar.policy.tools.explain import case_verdict, evaluate_case
+from sidecar.policy.tools.testing import PolicyCase, parse_tests
 from tests.rigs import paths
 
 ROOT = paths.ROOT

@@ -23,8 +23,8 @@ import pytest
 from aiohttp import http_exceptions, web, web_protocol
 from aiohttp.test_utils import TestServer
 
-from sidecar import framing, protocol_errors
-from sidecar.app import FRONT_DOOR
+from sidecar.edge.server import FRONT_DOOR
+from sidecar.wire import framing, protocol_errors
 from tests.rigs import paths
 
 ROOT = paths.ROOT
@@ -168,7 +168,7 @@ def test_histogram_children_keep_their_per_bucket_values() -> None:
 async def test_the_front_door_runner_serves_through_the_front_door() -> None:
     """`FrontDoorRunner` (public aiohttp API only) answers through the app's front
     door, not the app's router, and runs the app's startup and cleanup."""
-    from sidecar.server import FrontDoorRunner
+    from sidecar.edge.server import FrontDoorRunner
 
     app = web.Application()
     ran: list[str] = []

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from sidecar.config import load_config
-from sidecar.redis_client import parse_redis_url
+from sidecar.config.redis_url import parse_redis_url
+from sidecar.config.settings import load_config
 from tests.rigs import paths
 
 DEPLOY = paths.ROOT / "deploy" / "kubernetes"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.app import build_app
-from sidecar.config import load_config
+from sidecar.config.settings import load_config
 from tests.rigs import paths, processes
 
 ROOT = paths.ROOT

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sidecar.policy.files import load_documents
+from sidecar.policy.source.files import load_documents
 from tests.rigs import processes
 from tests.rigs.waiting import eventually
 

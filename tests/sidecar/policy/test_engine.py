@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from sidecar.context import Identity
-from sidecar.metrics import Metrics
-from sidecar.policy.bundle import PolicyBundle, load_bundle
+from sidecar.core.identity import Identity
+from sidecar.core.target import RequestTarget, Scope, parse_target
 from sidecar.policy.compile import format_compiled, print_compiled
 from sidecar.policy.decide import decide
 from sidecar.policy.engine import DecisionCache, PolicyEngine, compile_engine
-from sidecar.policy.explain import add_commands, evaluate_case, explain
-from sidecar.policy.files import parse_yaml_documents
-from sidecar.target import RequestTarget, Scope, parse_target
+from sidecar.policy.source.bundle import PolicyBundle, load_bundle
+from sidecar.policy.source.files import parse_yaml_documents
+from sidecar.policy.tools.explain import add_commands, evaluate_case, explain
+from sidecar.services.metrics import Metrics
 from tests.rigs import paths
 
 CASES_DIR = paths.POLICY_CASES
@@ -108,7 +108,7 @@ def test_odd_owner_values_are_notfound_not_errors(bundle: PolicyBundle, obj: Any
 
 def test_decision_cache_counts_and_keys(bundle: PolicyBundle) -> None:
     metrics = Metrics()
-    cache = DecisionCache(100, metrics)
+    cache = DecisionCache(100, metrics.count_decision_cache)
     e = bundle.engine
     alice, t = who("alice", "acme"), target("GET", "/api/v1/tenants/acme/namespaces/dev/pods")
     assert decide(e, alice, t, cache=cache).outcome == "allow"

@@ -10,11 +10,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.context import Identity
+from sidecar.core.identity import Identity
+from sidecar.core.target import RequestTarget, Scope
 from sidecar.policy.compile import OWNED
 from sidecar.policy.engine import PolicyEngine, compile_engine, request_vector, subject_keys
-from sidecar.policy.files import parse_yaml_documents
-from sidecar.target import RequestTarget, Scope
+from sidecar.policy.source.files import parse_yaml_documents
 
 TENANTS = ["acme", "beta"]
 NAMESPACES = ["dev", "prod"]

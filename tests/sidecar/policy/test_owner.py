@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sidecar.errors import StatusError
-from sidecar.policy.explain import case_patch_kind
+from sidecar.core.status import StatusError
 from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, enforce_owner, patch_kind
+from sidecar.policy.tools.explain import case_patch_kind
 from tests.rigs import processes
 from tests.rigs.client import BearerClient
 from tests.rigs.paths import POLICY_CASES as CASES_DIR

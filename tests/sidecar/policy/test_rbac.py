@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from sidecar.policy.files import parse_yaml_documents
 from sidecar.policy.rbac import RbacPolicy, parse_rbac
+from sidecar.policy.source.files import parse_yaml_documents
 
 BASE = """\
 kind: ClusterRole

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.policy import rbac
-from sidecar.policy.files import parse_yaml_documents
+from sidecar.policy.source.files import parse_yaml_documents
 
 _WORDS = ["", "*", "pods", "pods/log", "*/scale", "a/b/c", "x*", "a,b", "a\nb", "compute"]
 _WORDS += ["get", "list", "watch", "deletecollection", "bogus", "GET", "/api", "/api/*", "n1"]

@@ -1,0 +1,261 @@
+"""The authorize stage: tenant isolation and the policy decision for every request.
+
+The decision is `policy.decide.decide`; this stage only does the I/O around it: reads
+the stored object's owner when only owner rules could grant an item (fresh for writes,
+maybe cached for reads; a missing object is decided like one nobody owns), reads the
+body when a write's owner fields must be checked, and then acts on the verdict:
+forward (allow), forward with an owner filter (lists: `?owner=`, and the answer
+streamed through the filter) or the checked body, or answer the verdict's 403 / 404.
+Dry-run mode (global or per tenant, `ctx.dry_run`) decides, logs and counts
+`would_deny`, and forwards a refusal the verdict says a mode may relax
+(`Verdict.relaxable`: a 403 inside the caller's own tenant, decided in
+`policy/decide.py`); everything else is refused in every mode. A forwarded request
+always gets what its verdict asks (owner filter, checked body), in every mode. Access
+reviews (`sidecar.edge.reviews`) are answered here, after identity and the rate limit, and
+never forwarded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+
+from sidecar.core.identity import Identity
+from sidecar.core.status import StatusError, bad_request
+from sidecar.core.target import RequestTarget
+from sidecar.pipeline.chain import Handler
+from sidecar.pipeline.context import RequestContext
+from sidecar.policy.decide import decide
+from sidecar.policy.decision import Verdict
+from sidecar.policy.engine import READ_VERBS, DecisionCache
+from sidecar.policy.kinds.modes import DRY_RUN, ENFORCE, forwards
+from sidecar.policy.owner import (
+    APPLY,
+    RESULT,
+    UPSTREAM_APPLIES,
+    GetJson,
+    OwnerLookup,
+    list_filter,
+    patch_kind,
+)
+from sidecar.services.audit import authz_record
+
+if TYPE_CHECKING:
+    from sidecar.services.metrics import Metrics
+
+log = logging.getLogger("sidecar.authorize")
+
+
+class DryRunResult(Protocol):
+    """What `Upstream.dry_run` answers, as the authorizer reads it."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def object(self) -> Any: ...
+
+
+DryRun = Callable[[RequestContext], Awaitable[DryRunResult]]
+
+
+def _upstream_message(status: int, body: bytes) -> str:
+    """The message of the upstream's refusal of a dry run (a Status body), or a plain
+    one; never more than a line of it."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    if isinstance(message, str) and message:
+        return message[:500]
+    return f"the upstream refused this write ({status})"
+
+
+class Authorize(Protocol):
+    """`Authorizer.authorize`: the one decision function with its I/O, as the stages
+    that decide again (impersonation, open watches) are given it."""
+
+    async def __call__(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget,
+        *,
+        read_body: bool = ...,
+        fetch_as: Identity | None = ...,
+    ) -> Verdict: ...
+
+
+class Reviews(Protocol):
+    """The access reviews (`sidecar.edge.reviews.ReviewApi`), answered by this stage."""
+
+    def handles(self, target: RequestTarget) -> bool: ...
+
+    async def answer(self, ctx: RequestContext, authz: Authorizer) -> web.StreamResponse: ...
+
+
+class Authorizer:
+    """`decide` with the I/O it needs: the decision cache and the owner lookup. Shared
+    by the authorize stage, the access reviews and the quota API."""
+
+    def __init__(
+        self,
+        cache: DecisionCache,
+        owners: OwnerLookup,
+        get_json: GetJson,
+        *,
+        conceal: bool,
+        dry_run: DryRun | None = None,
+    ) -> None:
+        self.cache = cache
+        self.owners = owners
+        self.get_json = get_json
+        self.conceal = conceal
+        self.dry_run = dry_run
+
+    async def authorize(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget,
+        *,
+        read_body: bool = True,
+        fetch_as: Identity | None = None,
+    ) -> Verdict:
+        """The verdict, with what it depends on read: the stored owner when only owner
+        rules could grant an item (fresh for writes; `fetch_as`: whose credentials read
+        it, the caller's by default; 503 when it cannot be read), then, with
+        `read_body`, the body a write's owner rule must check (415/400/413 for a body
+        that cannot be read as JSON, as for every body the sidecar reads)."""
+        bundle, conceal, cache = ctx.policy, self.conceal, self.cache
+        v = decide(bundle, identity, target, conceal=conceal, cache=cache)
+        obj: Any = None
+        if v.needs_object and v.target is not None:
+            obj = await self.owners.fetch(
+                self.get_json,
+                fetch_as or identity,
+                v.target,
+                ctx.request_id,
+                fresh=v.target.verb not in READ_VERBS,
+            )
+            obj = obj or {}
+            v = decide(bundle, identity, target, obj, conceal=conceal, cache=cache)
+        patch = patch_kind(ctx.request.method, ctx.request.content_type)
+        # An apply of an object that does not exist creates it: `create` is decided too,
+        # as the Kubernetes API server does (a `patch` grant alone creates nothing).
+        stored: Any = obj or None
+        if patch == APPLY and v.target is not None and v.target.name and not v.target.subresource:
+            if stored is None:
+                stored = await self.owners.fetch(
+                    self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
+                )
+            if stored is None and (v.allowed or v.relaxable):
+                create = dataclasses.replace(target, verb="create")
+                created = decide(bundle, identity, create, conceal=conceal, cache=cache)
+                if not created.allowed:
+                    return created
+        # A relaxable refusal's body is read only when the mode will relax it.
+        if v.needs_body and read_body and (v.allowed or (v.relaxable and ctx.dry_run)):
+            if patch in UPSTREAM_APPLIES:
+                # Strategic merge and server-side apply: only the upstream knows what
+                # the object becomes (DESIGN §7), so the owner rule reads its dry run,
+                # against the stored object (None: the write creates it).
+                doc = await self._would_become(ctx)
+                if stored is None and patch != APPLY and v.target is not None:
+                    stored = await self.owners.fetch(
+                        self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
+                    )
+                obj, patch = stored, RESULT
+            else:
+                doc = await ctx.read_json()
+            v = decide(
+                bundle, identity, target, obj, doc, conceal=conceal, patch=patch, cache=cache
+            )
+        return v
+
+    async def _would_become(self, ctx: RequestContext) -> Any:
+        """The object the upstream's dry run of this write answers; its refusal (not
+        found, invalid, a conflict) is the answer to the request."""
+        if self.dry_run is None:
+            raise StatusError(415, "this patch type cannot be checked here; send a merge patch")
+        answer = await self.dry_run(ctx)
+        if not 200 <= answer.status < 300:
+            raise StatusError(answer.status, _upstream_message(answer.status, answer.body))
+        return answer.object
+
+
+class AuthorizeStage:
+    name = "authorize"
+
+    def __init__(
+        self, authorizer: Authorizer, metrics: Metrics, reviews: Reviews | None = None
+    ) -> None:
+        self.authz = authorizer
+        self.metrics = metrics
+        self.reviews = reviews
+
+    async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
+        identity, target = ctx.authenticated(), ctx.target
+        if target is None:
+            raise bad_request("the request target could not be parsed")
+        if self.reviews is not None and self.reviews.handles(target):
+            return await self.reviews.answer(ctx, self.authz)
+        v = await self.authz.authorize(ctx, identity, target)
+        ctx.decision = v
+        ctx.audit["authz"] = authz_record(v)
+        label = self.metrics.tenant(identity.tenant)
+        if not v.allowed and forwarded(v, ctx.dry_run):
+            self.metrics.child(self.metrics.decisions, label, "would_deny").inc()
+            ctx.audit["authz"]["mode"] = "dry-run"
+            log.info(
+                "dry-run: would answer %d to %s %s for %s@%s: %s",
+                v.status,
+                target.verb,
+                target.path,
+                identity.user,
+                identity.tenant,
+                v.reason,
+            )
+            self._apply(ctx, identity, v)
+            return await call_next(ctx)
+        self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
+        if not v.allowed:
+            if ctx.dry_run:
+                ctx.audit["authz"]["mode"] = "dry-run (not relaxed)"
+            raise v.refusal()
+        self._apply(ctx, identity, v)
+        return await call_next(ctx)
+
+    def _apply(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
+        """What the verdict asks of the forwarded request, in every mode."""
+        if v.owner.list_field:
+            # Forwarded with `?owner=` (and, for a Table, `includeObject=Object`), the
+            # answer streamed through the filter (sidecar/services/listfilter.py).
+            target = v.target or ctx.target
+            flt = list_filter(
+                identity.tenant,
+                v.owner.list_field,
+                ctx.request.headers.get("Accept", ""),
+                target.param("includeObject") if target is not None else None,
+            )
+            ctx.upstream_query.extend(flt.upstream_query)
+            ctx.owner_list = flt
+        if v.body is not None:
+            ctx.body = json.dumps(v.body).encode()
+            ctx.parsed_body = v.body
+        t = v.target
+        if v.needs_object and t is not None and t.verb not in READ_VERBS:
+            # The write may change the owner: later reads must not use a stale one.
+            self.authz.owners.forget(identity, t)
+
+
+def forwarded(v: Verdict, dry_run: bool) -> bool:
+    """Whether a request with this verdict is forwarded (`modes.forwards`; open watches
+    are decided again by the same rule)."""
+    return forwards(v, DRY_RUN if dry_run else ENFORCE)

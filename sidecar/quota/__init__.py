@@ -1,1 +1,0 @@
-"""Quotas: policy kinds, the reservation ledger (SQLite / Redis), API and reconcile."""
