@@ -45,7 +45,7 @@ from sidecar.core.target import RequestTarget, Scope, is_dns1123_label
 from sidecar.pipeline.context import RequestContext
 from sidecar.policy.decide import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, normalize
 from sidecar.policy.kinds.modes import ENFORCE, describe, mode_for, mode_source
-from sidecar.policy.scopes import is_cluster_scoped
+from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
 from sidecar.policy.tools.rules import rules_in_force
 from sidecar.services.audit import authz_record
 
@@ -222,8 +222,13 @@ def review_target(spec: dict[str, Any], tenant: str) -> RequestTarget:
         raise bad_request("'scope' must be cluster, tenant or namespace")
     scope = Scope.NAMESPACE if namespace else Scope.TENANT
     # kubectl sends its context's namespace even for cluster-scoped resources ("resource
-    # 'nodes' is not namespace scoped"): the request it describes is cluster-level.
-    if scope_name == "cluster" or is_cluster_scoped(group, resource):
+    # 'nodes' is not namespace scoped"): the request it describes is cluster-level. So is
+    # an object named by a tenant (the Tenant, its quota): `decide` puts it in that tenant.
+    if (
+        scope_name == "cluster"
+        or is_cluster_scoped(group, resource)
+        or (group, resource) in TENANT_OBJECTS
+    ):
         scope, namespace = Scope.CLUSTER, ""
     return RequestTarget(
         path="",

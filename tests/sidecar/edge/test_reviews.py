@@ -114,6 +114,41 @@ def test_a_review_answers_what_the_request_would_get(sidecar: Sidecar) -> None:
     assert body["status"]["allowed"] is False
 
 
+@pytest.mark.parametrize(
+    ("token", "verb", "tenant", "method", "path"),
+    [
+        ("dave", "get", "beta", "GET", "/quota/v1/tenants/beta"),
+        ("dave", "get", "system", "GET", "/quota/v1/tenants/system"),
+        ("dave", "get", "nosuch", "GET", "/quota/v1/tenants/nosuch"),
+        ("alice", "update", "beta", "PUT", "/quota/v1/tenants/beta/servers"),
+        ("alice", "update", "acme", "PUT", "/quota/v1/tenants/acme/servers"),
+        ("dave", "get", "acme", "GET", "/quota/v1/tenants/acme"),
+    ],
+)
+def test_a_quota_review_answers_what_the_quota_api_would(
+    sidecar: Sidecar, token: str, verb: str, tenant: str, method: str, path: str
+) -> None:
+    """A tenant's quota is a cluster-level object named by the tenant (hostile review of
+    issue 25: a review of `quotas/beta` was decided inside the caller's own tenant and
+    said yes, while the real request is a 404)."""
+    body = {"hard_limit": 1000} if method == "PUT" else None
+    real, _ = sidecar.call(token, method, path, body)
+    review = {
+        "spec": {
+            "resourceAttributes": {
+                "verb": verb,
+                "group": "quota.sidecar",
+                "resource": "quotas",
+                "name": tenant,
+                "namespace": "dev",
+            }
+        }
+    }
+    status, answer = sidecar.call(token, "POST", f"{AUTHZ}/{SSAR}", review)
+    assert status == 201, answer
+    assert answer["status"]["allowed"] is (real < 400), (real, answer["status"])
+
+
 def test_kubernetes_client_decodes_access_reviews(sidecar: Sidecar) -> None:
     models = kubernetes.client
     api = models.AuthorizationV1Api(sidecar.client("dave"))
