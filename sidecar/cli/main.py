@@ -51,7 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     quota_commands.register(quota.add_subparsers(dest="quota_command", required=True))
 
     args = parser.parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Whoever read our output went away (`sidecar policy explain … | head`): stop
+        # quietly as Unix tools do, and keep the interpreter's last flush from failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 
