@@ -176,7 +176,7 @@ def wait_ready(
     taken, else `StartError`); a child that has not answered after `timeout` seconds is
     killed (its group) and `StartError` raised."""
     deadline = time.monotonic() + timeout
-    while not _answers(url, context, accept):
+    while not (_answers(url, context, accept) and _listens(proc)):
         if time.monotonic() > deadline:
             proc.stop(timeout=0)
             raise StartError(f"{url} not ready after {timeout}s:\n{proc.log()}")
@@ -187,6 +187,53 @@ def wait_ready(
         own = proc.own_log()
         kind = AddressInUse if _IN_USE in own.lower() else StartError
         raise kind(f"{proc.name or url} exited with {proc.proc.returncode}:\n{proc.log()}")
+
+
+def _listens(proc: Process) -> bool:
+    """Whether the answer came from the child (or its workers): another process may take
+    a port between its pick and the child's bind, and answer in its place. Read from
+    /proc where there is one; elsewhere the answer is taken as the child's."""
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return True
+    inodes = set()
+    for table in tables:
+        try:
+            rows = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if (
+                len(cols) > 9
+                and cols[3] == "0A"
+                and int(cols[1].rsplit(":", 1)[1], 16) == proc.port
+            ):
+                inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return False
+    pids = [proc.proc.pid]
+    try:
+        pids += [
+            int(p)
+            for p in Path(f"/proc/{proc.proc.pid}/task/{proc.proc.pid}/children")
+            .read_text()
+            .split()
+        ]
+    except OSError:
+        pass
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def start_on_free_ports(start: Callable[[], Process], picked: bool) -> Process:
