@@ -46,7 +46,7 @@ from sidecar.edge.proxy import Upstream
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
 from sidecar.edge.quota_api import QuotaApi, QuotaService, upstream_tenant_check
 from sidecar.edge.reviews import ReviewApi
-from sidecar.edge.server import FRONT_DOOR, HANDLER_ARGS, Route
+from sidecar.edge.server import CLIENT_WRITE_TIMEOUT, FRONT_DOOR, HANDLER_ARGS, Route
 from sidecar.edge.watches import WatchTerms
 from sidecar.pipeline.audit import AuditStage
 from sidecar.pipeline.authorize import Authorizer, AuthorizeStage, forwarded
@@ -162,7 +162,7 @@ def build_app(config: Config) -> web.Application:
         AnonymousRateLimitStage(limiter),
         ParseStage(config.limits.max_header_bytes),
         identity,
-        TenantRateLimitStage(limiter, config.limits.upstream_read_timeout),
+        TenantRateLimitStage(limiter),
         impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
@@ -195,6 +195,7 @@ def build_app(config: Config) -> web.Application:
     )
     app[METRICS_KEY] = metrics
     app[HANDLER_ARGS] = handler_args
+    app[CLIENT_WRITE_TIMEOUT] = config.limits.client_write_timeout
     app[READINESS_KEY] = readiness
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)

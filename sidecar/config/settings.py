@@ -143,6 +143,9 @@ class LimitsConfig:
     upstream_watch_pool_size: int = 1024
     # Every watch ends after its own limit, drawn between 1 and 2 times of this (DESIGN §5).
     max_watch_seconds: float = 1800.0
+    # A client that reads nothing of what waits for it for this long loses its connection
+    # (sidecar/edge/write_deadline.py).
+    client_write_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("config key 'limits.maxBodyBytes' must be positive")
     if config.limits.max_watch_seconds <= 0:
         raise ConfigError("config key 'limits.maxWatchSeconds' must be positive")
+    if config.limits.client_write_timeout <= 0:
+        raise ConfigError("config key 'limits.clientWriteTimeout' must be positive")
     for i, name in enumerate(config.identity.strip_headers):
         if not _TOKEN.match(name):
             raise ConfigError(f"config key 'identity.stripHeaders[{i}]' is not a header name")

@@ -13,7 +13,10 @@ any other answer ends when the upstream sends nothing for `limits.upstreamReadTi
 (a 504 before its first byte went out, a cut connection after). An answer the
 upstream streams as a watch (`stream=watch` in its Content-Type, or a body of watch
 events) to a request decided as something else is cut with a 502 and logged: the
-sidecar decided a list, the upstream opened a watch (defence in depth, §1).
+sidecar decided a list, the upstream opened a watch (defence in depth, §1). Reads from
+the upstream are timed on the upstream's pace, writes to the client on the client's: a
+client that reads nothing for `limits.clientWriteTimeout` is cut by the server's write
+deadline (sidecar/edge/write_deadline.py), which ends the exchange as a client gone.
 """
 
 from __future__ import annotations
@@ -374,7 +377,9 @@ class Upstream:
                     if size > MAX_FILTERED_RESPONSE:
                         failure = (502, "too_large", "the upstream list is too large to filter")
                         break
-                    deadline.reschedule(None)  # the client's pace is not the upstream's
+                    # The client's pace is not the upstream's: writes to the client have
+                    # the server's write deadline (sidecar/edge/write_deadline.py).
+                    deadline.reschedule(None)
                     for start in range(0, len(chunk), LIST_SLICE):
                         async with self._list_lane:
                             out = stream.feed(chunk[start : start + LIST_SLICE])

@@ -7,7 +7,9 @@ before the handler runs; the sidecar has one route, so that work is pure cost on
 request. `FrontDoorRunner` is aiohttp's low-level `web.ServerRunner` around a
 `web.Server` whose handler is the front door (with the app's `handler_args`,
 `HANDLER_ARGS`); it runs the app's own startup, shutdown and cleanup
-around it, in the order `web.AppRunner` does. Public aiohttp API only.
+around it, in the order `web.AppRunner` does. Its connections have a write deadline
+(`CLIENT_WRITE_TIMEOUT`, the app's `limits.clientWriteTimeout`: sidecar/edge/write_deadline.py).
+Public aiohttp API only.
 
 Shutdown (`drain`): aiohttp's own waits for a handler up to its timeout, then cancels
 it and waits up to the timeout again, so requests in flight were cut at about twice
@@ -29,6 +31,8 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar.edge.write_deadline import DeadlineServer, WriteDeadlines
+
 log = logging.getLogger("sidecar")
 
 # How long cancelled handlers get to unwind, and the cleanup's own handler wait.
@@ -41,6 +45,8 @@ FRONT_DOOR: web.AppKey[Route] = web.AppKey("front_door")
 # The app's `handler_args` (aiohttp's per-connection limits), which the front door's
 # server is built with too.
 HANDLER_ARGS: web.AppKey[dict[str, Any]] = web.AppKey("handler_args")
+# Seconds a client may read nothing of what waits for it (`limits.clientWriteTimeout`).
+CLIENT_WRITE_TIMEOUT: web.AppKey[float] = web.AppKey("client_write_timeout")
 
 
 class FrontDoorRunner(web.ServerRunner):
@@ -75,7 +81,13 @@ class FrontDoorRunner(web.ServerRunner):
 
         handler_args: dict[str, Any] | None = app.get(HANDLER_ARGS)
         args: dict[str, Any] = {**(handler_args or {}), **server_args}
-        server = web.Server(tracked, **args)
+        timeout = app.get(CLIENT_WRITE_TIMEOUT)
+        self.write_deadlines = WriteDeadlines(timeout) if timeout else None
+        server: web.Server
+        if self.write_deadlines is None:
+            server = web.Server(tracked, **args)
+        else:
+            server = DeadlineServer(tracked, self.write_deadlines, **args)
         super().__init__(server, handle_signals=handle_signals, shutdown_timeout=shutdown_timeout)
 
     async def setup(self) -> None:
@@ -90,6 +102,8 @@ class FrontDoorRunner(web.ServerRunner):
 
     async def cleanup(self) -> None:
         await super().cleanup()
+        if self.write_deadlines is not None:
+            await self.write_deadlines.close()
         await self.app.cleanup()
 
     async def drain(self, grace: float) -> None:
@@ -113,4 +127,4 @@ class FrontDoorRunner(web.ServerRunner):
             await asyncio.wait(cut, timeout=CANCEL_SECONDS)
 
 
-__all__ = ["CANCEL_SECONDS", "FrontDoorRunner"]
+__all__ = ["CANCEL_SECONDS", "CLIENT_WRITE_TIMEOUT", "FrontDoorRunner"]

@@ -16,6 +16,12 @@ Every forwarded request runs through `WatchRelay.run`, watch or not:
   ConnectionResetError, so every stage around the forwarding unwinds as for any
   client that went away: the in-flight slot is freed, a quota reservation released,
   the audit line written (499).
+- **The client stops reading.** Every answer, a watch's included, is bound by the
+  server's write deadline (`limits.clientWriteTimeout`, sidecar/edge/write_deadline.py):
+  a client that reads nothing of what waits for it for that long has its connection
+  cut, and the poller then lets its exchange go as above. A watch with nothing to send
+  is idle, not blocked, and keeps its own rules (below); one whose events pile up
+  unread is cut like any other answer, and its client watches again.
 - **Watches** use an upstream pool of their own (`limits.upstreamWatchPoolSize`), so
   however many watches are open, ordinary requests always find a connection; a full
   one answers the next watch 503 with `Retry-After` at once. (Each tenant's share is

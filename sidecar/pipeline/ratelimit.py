@@ -24,8 +24,6 @@ one audit record a second (sidecar/services/audit.py).
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from sidecar.config.settings import RATE_LIMIT_REDIS_PREFIX, RateLimitConfig
@@ -129,30 +127,21 @@ def too_many(message: str, verdict: BucketAnswer | None, retry_after: int) -> St
 LARGE_ANSWER = 64 * 1024
 
 
-async def _write_large_answer(
-    ctx: RequestContext, response: web.StreamResponse, within: float
-) -> None:
+async def _write_large_answer(ctx: RequestContext, response: web.StreamResponse) -> None:
     """Write a large answer held whole in memory (a created object, a filtered list)
     before the in-flight slot is freed, so a tenant that never reads its answers holds
     at most `maxInFlight` of them, not as many as it can send (found by a hostile
-    review: 800 unread answers, 400 MB, no slot held). A client that has not taken
-    the answer within `within` seconds is cut off. aiohttp writes small answers itself, after
-    the handler: they fit in the socket's buffer."""
+    review: 800 unread answers, 400 MB, no slot held). A client that reads nothing of
+    it for `limits.clientWriteTimeout` is cut off by the server's write deadline
+    (sidecar/edge/write_deadline.py), which frees the slot. aiohttp writes small answers
+    itself, after the handler: they fit in the socket's buffer."""
     if not isinstance(response, web.Response) or response.prepared:
         return
     body = response.body
     if not isinstance(body, bytes | bytearray) or len(body) <= LARGE_ANSWER:
         return
-    request = ctx.request
-    try:
-        async with asyncio.timeout(within):
-            await response.prepare(request)
-            await response.write_eof()
-    except TimeoutError:
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-        raise ConnectionResetError("the client did not read its answer in time") from None
+    await response.prepare(ctx.request)
+    await response.write_eof()
 
 
 class TenantRateLimitStage:
@@ -161,9 +150,8 @@ class TenantRateLimitStage:
 
     name = "ratelimit"
 
-    def __init__(self, limiter: RateLimiter, answer_timeout: float = 60.0) -> None:
+    def __init__(self, limiter: RateLimiter) -> None:
         self.limiter = limiter
-        self.answer_timeout = answer_timeout
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         identity = ctx.identity
@@ -216,7 +204,7 @@ class TenantRateLimitStage:
                 ctx.response_headers.update(headers)
             response = await call_next(ctx)
             if cap is not None:
-                await _write_large_answer(ctx, response, self.answer_timeout)
+                await _write_large_answer(ctx, response)
             return response
         finally:
             if cap is not None:
