@@ -223,15 +223,10 @@ async def _update(args: argparse.Namespace, env: Env) -> int:
 
 
 async def _reconcile(args: argparse.Namespace, env: Env) -> int:
-    from sidecar.services.quota.reconcile import ReconcileError, reconcile
-
-    async def fetch(path: str, query: list[tuple[str, str]]) -> tuple[int, Any]:
-        from sidecar.services.quota.reconcile import RECONCILER
-
-        return await env.upstream.get_json(path, RECONCILER, query)
+    from sidecar.services.quota.reconcile import ReconcileError, reconcile, upstream_fetch
 
     try:
-        results = await reconcile(env.ledger, fetch, args.tenant)
+        results = await reconcile(env.ledger, upstream_fetch(env.upstream), args.tenant)
     except ReconcileError as exc:
         print(f"sidecar quota reconcile: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,8 @@ bodies streamed.
 Owns the upstream connection pool, header rewriting (hop-by-hop dropped, identity and
 `X-Forwarded-*` set), timeouts, and the mapping of upstream failures to 502/504. Also
 the small `get_json` call other stages use when the sidecar itself must read an object
-(owner lookups, reconcile, tenant existence).
+(owner lookups, settling, tenant existence), and `get_items`, a list read as a stream
+one item at a time (quota reconcile).
 
 Every exchange runs inside the watch relay (sidecar/edge/watches.py), which lets it go
 within a second of its client leaving and ends a watch when its terms end. Streamed
@@ -26,7 +27,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -380,22 +381,17 @@ class Upstream:
                     # The client's pace is not the upstream's: writes to the client have
                     # the server's write deadline (sidecar/edge/write_deadline.py).
                     deadline.reschedule(None)
-                    for start in range(0, len(chunk), LIST_SLICE):
-                        async with self._list_lane:
-                            out = stream.feed(chunk[start : start + LIST_SLICE])
-                            # The lane is kept through one turn of the event loop: every
-                            # other callback runs before the next piece of any list.
-                            await asyncio.sleep(0)
-                        if not out:
-                            continue
-                        if response is not None:
-                            await response.write(out)
-                            continue
-                        held.append(out)
-                        held_size += len(out)
-                        if held_size > LIST_HOLD:
-                            response = await self._start_list(ctx, upstream, held)
-                            held = []
+                    out = await self._through(stream, chunk)
+                    if not out:
+                        continue
+                    if response is not None:
+                        await response.write(out)
+                        continue
+                    held.append(out)
+                    held_size += len(out)
+                    if held_size > LIST_HOLD:
+                        response = await self._start_list(ctx, upstream, held)
+                        held = []
             if failure is None and declared is not None and size != declared:
                 failure = (502, "reset", f"the list was cut short ({size} of {declared} bytes)")
             if failure is None:
@@ -426,6 +422,22 @@ class Upstream:
             await response.write(out)
         await response.write_eof()
         return response
+
+    async def _through(self, stream: ListStream, chunk: bytes) -> bytes:
+        """`chunk` fed to a list's parser a `LIST_SLICE` at a time, one slice per turn of
+        the event loop across every list being read (`_list_lane`: owner-filtered lists
+        and reconcile pages), so many lists together hold the loop no longer than one
+        slice at a time; what came out."""
+        outs: list[bytes] = []
+        for start in range(0, len(chunk), LIST_SLICE):
+            async with self._list_lane:
+                out = stream.feed(chunk[start : start + LIST_SLICE])
+                # The lane is kept through one turn of the event loop: every other
+                # callback runs before the next piece of any list.
+                await asyncio.sleep(0)
+            if out:
+                outs.append(out)
+        return b"".join(outs)
 
     async def _start_list(
         self, ctx: RequestContext, upstream: Response, held: list[bytes]
@@ -580,6 +592,95 @@ class Upstream:
                 ) from None
         return DryRunAnswer(status, ctype, raw, obj)
 
+    async def get_items(
+        self,
+        path: str,
+        identity: Identity | None,
+        query: list[tuple[str, str]],
+        item: Callable[[Any], None],
+    ) -> tuple[int, dict[str, Any]]:
+        """GET a list (`path` already percent-encoded) as `identity`, streamed: each
+        element of its `items` is handed to `item` as it is parsed, and kept nowhere.
+        The answer goes through the owner-filtered lists' parser (`ListStream`, which
+        drops every element once `item` has seen it) in pieces taking turns with them
+        (`_through`), so whatever the list's size, memory holds one piece of it and one
+        item, and the event loop is held for one piece at a time. Returns the status
+        and, for a 2xx, the list's other top-level fields (`metadata`, with its
+        `continue`); a non-2xx answer is not read ({}). A 2xx answer must be an object
+        with an `items` array.
+
+        Upstream failures raise UpstreamError: 503 when unreachable, 504 when it sends
+        nothing for the read timeout, 502 for an answer cut short, not one JSON
+        document, or with an item larger than the list part limit."""
+        try:
+            upstream = await self.pool.request(
+                "GET",
+                _target(path, query),
+                self._own_headers(identity, "").items(),
+                within=self.read_timeout,
+            )
+        except TimeoutError:
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamError(504, "the upstream did not answer in time") from None
+        except (UpstreamUnreachable, UpstreamBroken, OSError) as exc:
+            self.metrics.upstream_errors.labels("refused").inc()
+            raise UpstreamError(503, f"the upstream is unreachable: {_describe(exc)}") from None
+        except ValueError as exc:
+            raise UpstreamError(400, f"a header cannot be sent upstream: {exc}") from None
+        if not 200 <= upstream.status < 300:
+            upstream.close()
+            return upstream.status, {}
+        upstream.disarm()  # each read below is timed on its own
+        stream = ListStream(item, _dropped, self.max_list_part)
+        outs: list[bytes] = []
+        size = 0
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as deadline:
+                while True:
+                    deadline.reschedule(loop.time() + self.read_timeout)
+                    chunk = await upstream.readany()
+                    if not chunk:
+                        break
+                    deadline.reschedule(None)
+                    size += len(chunk)
+                    outs.append(await self._through(stream, chunk))
+            declared = upstream.content_length
+            if declared is not None and size != declared:
+                raise UpstreamBroken(f"{size} of {declared} bytes")
+            async with self._list_lane:
+                outs.append(stream.finish())
+            if "items" not in stream.arrays:
+                raise BrokenList("the answer is not a list (no items array)")
+            fields = json.loads(b"".join(outs))
+        except TimeoutError:
+            upstream.close()
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamError(504, "the upstream did not answer in time") from None
+        except UpstreamBroken as exc:
+            upstream.close()
+            self.metrics.upstream_errors.labels("reset").inc()
+            raise UpstreamError(502, f"the upstream list was cut short: {_describe(exc)}") from None
+        except (BrokenList, ValueError) as exc:
+            upstream.close()
+            self.metrics.upstream_errors.labels("invalid").inc()
+            raise UpstreamError(502, f"the upstream list cannot be read: {exc}") from None
+        except BaseException:
+            upstream.close()
+            raise
+        upstream.release()
+        return upstream.status, fields if isinstance(fields, dict) else {}
+
+    def _own_headers(self, identity: Identity | None, request_id: str) -> dict[str, str]:
+        """The headers of the sidecar's own GETs: JSON asked for, as `identity`."""
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if identity is not None:
+            headers["X-Remote-User"] = identity.user
+            headers["X-Remote-Tenant"] = identity.tenant
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        return headers
+
     async def get_json(
         self,
         path: str,
@@ -592,12 +693,7 @@ class Upstream:
         Upstream failures raise UpstreamError: 503 when unreachable (a decision that
         needs this read cannot be made), 504 on timeout, 502 for an answer cut short
         or too large."""
-        headers: dict[str, str] = {"Accept": "application/json"}
-        if identity is not None:
-            headers["X-Remote-User"] = identity.user
-            headers["X-Remote-Tenant"] = identity.tenant
-        if request_id:
-            headers["X-Request-Id"] = request_id
+        headers = self._own_headers(identity, request_id)
         try:
             async with asyncio.timeout(self.read_timeout):
                 resp = await self.pool.request("GET", _target(path, query or []), headers.items())
@@ -663,6 +759,10 @@ async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> A
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError):
         state.client_gone = True
         raise
+
+
+def _dropped(_row: Any) -> None:
+    """A list read for its items only: Table rows are not kept."""
 
 
 def _target(raw_path: str, extra_query: list[tuple[str, str]]) -> str:

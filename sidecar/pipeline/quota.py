@@ -35,7 +35,8 @@ when it was deleted).
 
 A successful DELETE returns the object's recorded charge; a deleted namespace or
 tenant returns all of its objects' charges (a ledger that fails meanwhile is asked
-again until it answers), and a deletecollection triggers a reconcile of the tenant.
+again until it answers), and a deletecollection that deleted something triggers a
+reconcile of the tenant (one at a time per tenant: `reconcile.Reconciles`).
 Over quota → 403 QuotaExceeded (in dry-run mode, for the caller's own tenant:
 counted, logged, forwarded). A `dryRun=All` write
 (`is_dry_run_all`) is checked like any other (its reservation is released at once,
@@ -80,7 +81,12 @@ from sidecar.services.quota.ledger import (
     object_claim,
 )
 from sidecar.services.quota.meters import Charge, charge_for
-from sidecar.services.quota.reconcile import RECONCILER, reconcile_tenant, upstream_fetch
+from sidecar.services.quota.reconcile import (
+    RECONCILER,
+    Reconciles,
+    deleted_something,
+    upstream_fetch,
+)
 from sidecar.services.quota.settle import Settler
 from sidecar.upstream.client import DryRunAnswer, UpstreamClient, UpstreamError
 from sidecar.upstream.pool import UpstreamUnreachable
@@ -157,7 +163,8 @@ class QuotaStage:
         self.metrics = metrics
         self.gauges = gauges
         self.upstream = upstream
-        self.reconcile_fetch = upstream_fetch(upstream)
+        # Reconciles of a tenant after a deletecollection: one at a time per tenant.
+        self.reconciles = Reconciles(upstream_fetch(upstream), ledger)
         # Work that outlives its request: settling unknown outcomes, ledger calls made
         # again, reconciles after deletes.
         self.settler = Settler(
@@ -176,6 +183,7 @@ class QuotaStage:
 
     async def stop(self) -> None:
         """Shutdown: what is not settled stays in progress in the ledger."""
+        await self.reconciles.stop()
         await self.settler.stop()
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
@@ -196,7 +204,7 @@ class QuotaStage:
         elif target.verb in ("delete", "deletecollection"):
             response = await call_next(ctx)
             if 200 <= response.status < 300 and not dry:
-                await self._after_delete(target)
+                await self._after_delete(target, response)
             return response
         return await call_next(ctx)
 
@@ -506,11 +514,13 @@ class QuotaStage:
 
     # -- deletes ------------------------------------------------------------------------
 
-    async def _after_delete(self, target: RequestTarget) -> None:
+    async def _after_delete(self, target: RequestTarget, response: web.StreamResponse) -> None:
         """Return what a successful delete freed. A ledger that fails (or stalls past its
         timeout) is asked again until it answers; the delete is made at the time it
         happened, so a repeat returns a charge once and never that of an object of the
-        same name made since."""
+        same name made since. A deletecollection that deleted something (its answer
+        says so: `deleted_something`) has the tenant recounted, one reconcile at a time
+        per tenant (`Reconciles`); one that deleted nothing costs nothing."""
         at = self.ledger.clock()
         call: Callable[[], Awaitable[Any]]
         if target.verb == "delete":
@@ -526,9 +536,9 @@ class QuotaStage:
             await self.settler.now_or_later(call, "delete")
             self.gauges.mark(target.tenant or target.name)
         elif _tracked_item(target) is not None and target.tenant:
-            self.settler.background(
-                reconcile_tenant(self.reconcile_fetch, self.ledger, target.tenant, log_errors=True)
-            )
+            # A streamed answer (not read whole: large, or of unknown length) is None.
+            if deleted_something(_answer(response)):
+                self.reconciles.request(target.tenant)
 
     # -- dryRun=All ----------------------------------------------------------------------
 

@@ -89,6 +89,7 @@ class ListStream:
         self._value_depth = 0
         self._skip_depth = 0
         self._seen: set[str] = set()
+        self._arrays: set[str] = set()
         self._array = ""  # the array being filtered, "" outside one
         self._array_first = True
         self._elements: Any = None  # ijson's C builder of the current array's elements
@@ -124,6 +125,12 @@ class ListStream:
         if not self._started:
             return EMPTY_LIST
         return self._take()
+
+    @property
+    def arrays(self) -> frozenset[str]:
+        """The filtered arrays (`items`, `rows`) the document has had as arrays so far
+        (one given as `null` or another value is not among them)."""
+        return frozenset(self._arrays)
 
     def _take(self) -> bytes:
         if not self._started or not self._out:
@@ -187,6 +194,7 @@ class ListStream:
                 raise BrokenList(f"the list has more than one {key!r}")
             self._seen.add(key)
             if kind == "start_array":
+                self._arrays.add(key)
                 self._open()
                 self._start_array(key)
                 return

@@ -3,6 +3,7 @@ the calls they make (`UpstreamClient`); `sidecar.edge.proxy.Upstream` implements
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from sidecar.core.identity import Identity
@@ -26,7 +27,8 @@ class DryRunAnswer(NamedTuple):
 
 class UpstreamClient(Protocol):
     """What services call on the upstream besides forwarding (`edge.proxy.Upstream`
-    is the one implementation): a GET of a JSON document as an identity."""
+    is the one implementation): a GET of a JSON document as an identity, and a GET of
+    a list whose items are handed over one at a time as they are read."""
 
     async def get_json(
         self,
@@ -35,3 +37,11 @@ class UpstreamClient(Protocol):
         query: list[tuple[str, str]] | None = None,
         request_id: str = "",
     ) -> tuple[int, Any]: ...
+
+    async def get_items(
+        self,
+        path: str,
+        identity: Identity | None,
+        query: list[tuple[str, str]],
+        item: Callable[[Any], None],
+    ) -> tuple[int, dict[str, Any]]: ...

@@ -6,6 +6,10 @@ A connection whose request bytes contain a `stall` marker is swallowed: the rela
 forwards nothing more in either direction, as an upstream that accepted a request and
 never answers (it acts on nothing, so a stalled create creates nothing). It stays open
 until the sidecar closes its end.
+
+`hold(marker)` holds a request instead, until `let_go()`: a connection whose request
+bytes contain the marker forwards nothing more upstream until then (an upstream that is
+slow to answer), and then carries on as any other.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class RecordingRelay:
         self.target_port = target_port
         self.stall_marker = stall_marker
         self.links: list[Link] = []
+        self.hold_marker: bytes | None = None
+        self._gate = asyncio.Event()
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -44,6 +50,14 @@ class RecordingRelay:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def hold(self, marker: bytes) -> None:
+        """Hold every request carrying `marker` (forward nothing more) until `let_go()`."""
+        self.hold_marker = marker
+        self._gate.clear()
+
+    def let_go(self) -> None:
+        self._gate.set()
 
     def open_links(self) -> list[Link]:
         return [link for link in self.links if not link.closed]
@@ -75,6 +89,9 @@ class RecordingRelay:
                     link.sent += data
                     if self.stall_marker in link.sent:
                         link.stalled = True
+                    held = self.hold_marker
+                    if held is not None and held in link.sent and not self._gate.is_set():
+                        await self._gate.wait()
                     if not link.stalled:
                         up_writer.write(data)
                         await up_writer.drain()
