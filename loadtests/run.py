@@ -1,9 +1,10 @@
 """Run one load scenario headless: `python loadtests/run.py SCENARIO [--seconds N] [--out DIR]`.
 
-Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists, many-tenants (see
-loadtests/scenarios.py), or `all`. Everything the scenario starts runs on 127.0.0.1 and
-is stopped before the command returns. Exit status: 0 when the run completed (1 with
-`--check` when a target was missed), 2 on a usage error or a failed start.
+Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists, many-tenants,
+reconcile-flood (see loadtests/scenarios.py), or `all`. Everything the scenario starts
+runs on 127.0.0.1 and is stopped before the command returns. Exit status: 0 when the
+run completed (1 with `--check` when a target was missed), 2 on a usage error or a
+failed start.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The load scenarios: `limits`, `noisy-neighbour`, `quota-race`, `mix`, `big-lists`
-(loadtests/big_lists.py) and `many-tenants` (loadtests/many_tenants.py).
+(loadtests/big_lists.py), `many-tenants` (loadtests/many_tenants.py) and
+`reconcile-flood` (loadtests/reconcile_flood.py).
 
 Each scenario starts what it needs through a `Stack` (backing store, sidecar(s) with
 a scenario policy and token file written into `OUT/work-SCENARIO/`), offers load,
@@ -39,6 +40,7 @@ from loadtests.loadgen import (
     send_one,
 )
 from loadtests.many_tenants import many_tenants
+from loadtests.reconcile_flood import reconcile_flood
 from loadtests.report import percentile
 from loadtests.stack import (
     ROOT,
@@ -782,6 +784,7 @@ SCENARIOS: dict[str, Callable[[Path, Options], tuple[str, bool]]] = {
     "mix": mix,
     "big-lists": big_lists,
     "many-tenants": many_tenants,
+    "reconcile-flood": reconcile_flood,
 }
 DEFAULT_SECONDS = {
     "limits": 20.0,
@@ -790,4 +793,5 @@ DEFAULT_SECONDS = {
     "mix": 20.0,
     "big-lists": 20.0,
     "many-tenants": 30.0,
+    "reconcile-flood": 30.0,
 }

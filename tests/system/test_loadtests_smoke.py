@@ -39,6 +39,11 @@ SCENARIOS = {
     "quota-race": ["quota-race.csv", "quota-race.png"],
     "mix": ["mix_stats.csv", "mix-requests.png"],
     "big-lists": ["big-lists.csv", "big-lists-requests.csv", "big-lists-latency.png"],
+    "reconcile-flood": [
+        "reconcile-flood.csv",
+        "reconcile-flood-requests.csv",
+        "reconcile-flood-latency.png",
+    ],
 }
 
 
