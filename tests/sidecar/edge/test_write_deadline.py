@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from sidecar.cli.demo import Authority
 from sidecar.edge.write_deadline import DeadlineServer, WriteDeadlines
 from tests.rigs.waiting import eventually
 
@@ -91,7 +94,7 @@ PIECE = 64 * 1024
 
 @asynccontextmanager
 async def serving(
-    deadline: float, pieces: int
+    deadline: float, pieces: int, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[tuple[int, WriteDeadlines, dict[str, Any]]]:
     """A server that answers every GET with `pieces` pieces of 64 KiB, streamed; what
     happened to its last answer goes in the dict (`outcome`: "complete" or the error)."""
@@ -116,7 +119,7 @@ async def serving(
     deadlines = WriteDeadlines(deadline)
     server = DeadlineServer(handler, deadlines)
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(server, "127.0.0.1", 0)
+    listener = await loop.create_server(server, "127.0.0.1", 0, ssl=tls)
     try:
         yield listener.sockets[0].getsockname()[1], deadlines, seen
     finally:
@@ -126,14 +129,19 @@ async def serving(
 
 
 async def _request(port: int, read: bool) -> socket.socket:
+    sock = _socket(read)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+def _socket(read: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if not read:  # little room on the client's side: the server's writes block early
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
     sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     return sock
 
 
@@ -146,6 +154,31 @@ async def test_a_stalled_reader_is_cut_and_the_handler_unblocked() -> None:
             assert seen["outcome"] != "complete"
         finally:
             sock.close()
+
+
+async def test_a_stalled_reader_over_tls_is_cut(tmp_path: Path) -> None:
+    """Over HTTPS the transport is the TLS layer's, which reports its own pauses."""
+    ca = Authority("write deadline test CA")
+    cert, key = ca.issue()
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    client_tls = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    async with serving(0.2, pieces=256, tls=server_tls) as (port, deadlines, seen):
+        sock = _socket(read=False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        _, writer = await asyncio.open_connection(
+            sock=sock, ssl=client_tls, server_hostname="127.0.0.1"
+        )
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+            await eventually(lambda: deadlines.cut == 1, 10, what="the stalled reader is cut")
+            await asyncio.wait_for(seen["done"].wait(), 10)  # hang guard
+            assert seen["outcome"] != "complete"
+        finally:
+            writer.close()
 
 
 async def test_a_reader_that_keeps_reading_gets_the_whole_answer() -> None:
