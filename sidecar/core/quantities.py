@@ -147,6 +147,10 @@ def parse_quantity(value: Any) -> Decimal:
         if not math.isfinite(value):
             raise QuantityError(f"{_shown(value)} is not a quantity")
         number = Decimal(repr(value))
+    elif isinstance(value, Decimal):  # a JSON number as a streaming parser reads it
+        if not value.is_finite():
+            raise QuantityError(f"{_shown(value)} is not a quantity")
+        number = value
     elif isinstance(value, str):
         number = _parse_string(value.strip())
     else:

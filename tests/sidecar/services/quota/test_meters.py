@@ -33,6 +33,17 @@ def test_quantities(text: str, value: str) -> None:
     assert parse_quantity(text) == Decimal(value)
 
 
+def test_numbers_as_a_streaming_parser_reads_them_are_quantities() -> None:
+    """ijson (reconcile's streamed pages) reads `0.5` as Decimal, not float: the same value."""
+    from decimal import Decimal
+
+    assert to_units("requests.cpu", Decimal("0.5")) == to_units("requests.cpu", 0.5) == 500
+    assert to_units("requests.memory", Decimal("1E+3")) == 1000
+    for bad in (Decimal("NaN"), Decimal("Infinity"), Decimal("-1"), Decimal("1E+400")):
+        with pytest.raises(QuantityError):
+            parse_quantity(bad)
+
+
 @pytest.mark.parametrize(
     "bad", ["", "abc", "1.2.3", "5Qi", "-1", "1e", "Gi", "1e3Gi", None, True, [1], float("nan")]
 )

@@ -29,6 +29,7 @@ from sidecar.services.quota.reconcile import (
     StoreReader,
     deleted_something,
     reconcile,
+    upstream_fetch,
 )
 from tests.rigs.clock import FakeClock
 from tests.rigs.ledgers import make_ledger
@@ -261,3 +262,28 @@ async def test_an_answer_that_is_not_a_whole_list_is_a_502(
     with pytest.raises(StatusError) as raised:
         await upstream.get_items("/api/v1/configmaps", RECONCILER, [], lambda _item: None)
     assert raised.value.code == 502
+
+
+async def test_a_reconcile_through_the_upstream_charges_what_the_store_holds(
+    lists: tuple[Upstream, dict[str, bytes]], ledger: Ledger
+) -> None:
+    """Streamed pages give numbers as the parser reads them (`0.5` as a Decimal): the
+    charge is the same as for the parsed document. Resources the store does not serve
+    (404 here) are left as they are."""
+    upstream, answers = lists
+    pods = [
+        {
+            "metadata": {"tenant": "acme", "namespace": "ns1", "name": f"p{i}"},
+            "spec": {"containers": [{"resources": {"requests": {"cpu": 0.5, "memory": "1Gi"}}}]},
+        }
+        for i in range(3)
+    ]
+    answers["/api/v1/tenants/acme/pods?limit=500"] = json.dumps(
+        {"kind": "PodList", "metadata": {}, "items": pods}
+    ).encode()
+    results = await reconcile(ledger, upstream_fetch(upstream), "acme")
+    assert results["acme"].after == {
+        "pods": 3,
+        "requests.cpu": 1500,
+        "requests.memory": 3 * 1024**3,
+    }
