@@ -11,12 +11,19 @@ Every body is checked before any handler sees it (`_check_tree`): at most
 `MAX_DEPTH` levels of nesting, and no string that is not valid Unicode (a JSON
 `"\\udfff"` escape decodes to a lone surrogate that no answer or SQLite row could
 hold); either is a 400, never a 500 later on.
+
+The store keeps only JSON a strict client can read back (Go's encoding/json, kubectl):
+a number that does not fit a 64-bit float (`1e400`, an integer of 400 digits), `NaN`,
+`Infinity` or `-Infinity`, in a JSON body or a YAML apply body (`.inf`, `.nan`), is a
+400 naming it (`not_json_number`). The sidecar's parser has the same rule
+(`sidecar/core/strict_json.py`); this is the store's own copy, as a service of its own.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import yaml
@@ -67,7 +74,9 @@ async def read_json(request: web.Request) -> Any:
     if not raw.strip():
         raise bad_request("the request needs a JSON body")
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = loads_strict(raw)
+    except NotJsonNumber as exc:
+        raise exc.refusal() from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -92,7 +101,11 @@ async def read_apply(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         raise bad_request("an apply patch needs a YAML or JSON body (the whole object)")
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = loads_strict(raw)
+    except NotJsonNumber as exc:
+        # JSON but for a number (never read again as YAML, which would keep `1e400`
+        # or `NaN` as text).
+        raise exc.refusal() from None
     except (UnicodeDecodeError, ValueError):
         body = _load_yaml(raw)
     except RecursionError:
@@ -124,6 +137,8 @@ def _load_yaml(raw: bytes) -> Any:
         raise bad_request("the apply body is not UTF-8") from None
     except yaml.YAMLError as exc:
         raise bad_request(f"the apply body is not valid YAML or JSON: {exc}") from None
+    except ValueError:  # an integer beyond Python's own limit of digits (SafeLoader's int())
+        raise NotJsonNumber("an integer of thousands of digits").refusal() from None
     except RecursionError:
         raise _too_deep() from None
 
@@ -143,9 +158,11 @@ def _as_json(value: Any, depth: int, budget: list[int]) -> Any:
         return {_key_text(k): _as_json(v, depth + 1, budget) for k, v in value.items()}
     if isinstance(value, list):
         return [_as_json(v, depth + 1, budget) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        raise bad_request("the apply body holds a number JSON cannot represent")
-    if value is None or isinstance(value, str | bool | int | float):
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, int | float):
+        if not _fits(value):
+            raise NotJsonNumber(_yaml_literal(value)).refusal()
         return value
     raise bad_request(f"the apply body holds a YAML {type(value).__name__}, not a JSON value")
 
@@ -197,8 +214,69 @@ def _too_deep() -> StatusError:
     return bad_request(f"the body nests deeper than {MAX_DEPTH} levels")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+class NotJsonNumber(ValueError):
+    """A number JSON cannot carry (`literal` as the body wrote it)."""
+
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+    def refusal(self) -> StatusError:
+        shown = self.literal if len(self.literal) <= 24 else self.literal[:23] + "…"
+        return bad_request(
+            f"the body holds {shown}, a number JSON cannot carry "
+            "(numbers must be finite and fit a 64-bit float)"
+        )
+
+
+# An integer needs at least this many digits to pass a float's range (1.8e308), so
+# integers are checked one by one only in a body holding such a run of digits.
+_LONG_DIGITS = re.compile(rb"[0-9]{309}")
+
+
+def loads_strict(raw: bytes) -> Any:
+    """`raw` as JSON; `NotJsonNumber` for NaN, ±Infinity or a number beyond a float."""
+    if _LONG_DIGITS.search(raw):
+        return json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    return json.loads(raw, parse_constant=_constant, parse_float=_float)
+
+
+def _constant(name: str) -> Any:
+    raise NotJsonNumber(name)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJsonNumber(text)
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # beyond Python's own limit of digits
+        raise NotJsonNumber(text) from None
+    if not _fits(value):
+        raise NotJsonNumber(text)
+    return value
+
+
+def _fits(value: float) -> bool:
+    """Whether a number (YAML's, or an integer of any size) is one JSON can carry."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _yaml_literal(value: float) -> str:
+    if isinstance(value, float):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return str(value)
 
 
 def json_response(body: object, status: int = 200) -> web.Response:

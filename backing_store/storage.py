@@ -56,7 +56,12 @@ INSERT OR IGNORE INTO meta(name, value) VALUES ('resourceVersion', 0);
 
 
 def dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """An object as the JSON the store keeps. A backstop behind the body parsers
+    (`bodies.py`): a NaN or infinity that got this far is a 400, never stored."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise bad_request("the object holds a number JSON cannot carry (NaN or infinity)") from None
 
 
 def range_end(prefix: str) -> str:

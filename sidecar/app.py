@@ -146,6 +146,8 @@ def build_app(config: Config) -> web.Application:
         "ledger", ledger.ready if isinstance(ledger, RedisLedger) else lambda: ledger_ready(ledger)
     )
     readiness.add("ratelimit", lambda: limiter.ready(policy.current.rate_limits.describe()))
+    # A sink that cannot be written (full disk, read-only file) shows here (DESIGN §9).
+    readiness.add("audit", audit.ready)
     if credentials.files:
         readiness.add("credentials", credentials.ready)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from aiohttp import web
 from sidecar.config.settings import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
+    from sidecar.edge.health import Readiness
     from sidecar.edge.tls import TlsReloader
 
 log = logging.getLogger("sidecar")
@@ -237,10 +239,12 @@ async def _run(
             redact_url(config.upstream),
         )
         await stop.wait()
-        log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
         # The process is gone by the deadline plus a second, whatever still waits then
         # (a stalled ledger under a cleanup): DESIGN §9.
-        _exit_by(grace + SHUTDOWN_EXTRA_SECONDS)
+        drain = max(0.0, config.shutdown_drain_seconds)
+        _exit_by(drain + grace + SHUTDOWN_EXTRA_SECONDS)
+        await _drain_readiness(app[READINESS_KEY], drain, stop)
+        log.info("shutting down: finishing requests in flight (up to %.0f s)", grace)
         await main.drain(grace)
     finally:
         if tls is not None:
@@ -250,7 +254,21 @@ async def _run(
             await runner.cleanup()
 
 
-# The process exits by `limits.shutdownGraceSeconds` plus this after SIGTERM (DESIGN §9).
+async def _drain_readiness(readiness: Readiness, seconds: float, again: asyncio.Event) -> None:
+    """SIGTERM's first step (DESIGN §9): /readyz answers 503 for `seconds` while the
+    listener still serves, so load balancers take the process out before it stops
+    accepting. A second SIGTERM or SIGINT (an impatient operator) ends the wait."""
+    readiness.shutting_down()
+    if seconds <= 0:
+        return
+    log.info("shutting down: /readyz answers 503, still serving for %.1f s", seconds)
+    again.clear()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(again.wait(), seconds)
+
+
+# The process exits by `shutdownDrainSeconds` + `limits.shutdownGraceSeconds` plus this
+# after SIGTERM (DESIGN §9).
 SHUTDOWN_EXTRA_SECONDS = 1.0
 # Of that second, what the orderly cleanup after the deadline may take before the
 # process ends regardless (the rest is the interpreter's own exit).

@@ -188,6 +188,9 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     reload: ReloadConfig = field(default_factory=ReloadConfig)
     workers: int = 1
+    # SIGTERM: /readyz answers 503 this long while requests are still served, before the
+    # listener closes (set it to the load balancer's reaction time; DESIGN §9).
+    shutdown_drain_seconds: float = 0.0
     # `auto`: uvloop when it is installed (a dependency on Linux and macOS), else
     # asyncio's own loop; `uvloop` refuses to start without it.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"

@@ -4,10 +4,18 @@
 never forwarded. `/readyz` runs the checks registered with `Readiness.add` (in
 `app.py`, explicitly): it is 503 only when a `required` check fails (no policy,
 upstream unreachable); any other failing check (the quota ledger, the global
-rate-limit tier, a credential file) shows in the details and keeps it 200. Details
-never carry a password or a file path (`public_detail`), and the checks run at most
-once per `READY_CACHE_SECONDS` however often anonymous clients ask, so probing
-`/readyz` cannot load the upstream, Redis or the ledger.
+rate-limit tier, the audit writer, a credential file) shows in the details and keeps
+it 200. Details never carry a password or a file path (`public_detail`), and the
+checks run at most once per `READY_CACHE_SECONDS` however often anonymous clients ask,
+so probing `/readyz` cannot load the upstream, Redis or the ledger.
+
+`/readyz` answers within a second whatever a dependency does (DESIGN §9): the checks
+run concurrently, and one without an answer after `CHECK_SECONDS` counts as failed. It
+is not cancelled (a probe cut mid-way could leave a connection or a thread in any
+state): it runs on, and the next evaluation waits for that same probe instead of
+starting another, so a stalled dependency never piles probes up. From SIGTERM on
+(`shutting_down`) `/readyz` answers 503 at once, while the listener still serves
+requests for `shutdownDrainSeconds`, so load balancers stop sending new ones first.
 
 `/metrics` names tenants: on the main listener its route goes through the pipeline
 like any non-resource URL and `metrics_handler` answers it once authorization has
@@ -37,6 +45,8 @@ log = logging.getLogger("sidecar")
 
 METRICS_PATH = "/metrics"
 READY_CACHE_SECONDS = 0.5
+# A check's budget: /readyz answers within a second (with room for the loop's own work).
+CHECK_SECONDS = 0.75
 
 # A readiness probe: (ok, detail). The detail is shown on /readyz after redaction.
 Probe = Callable[[], Awaitable[tuple[bool, str]]]
@@ -53,19 +63,30 @@ class ReadyCheck:
 class Readiness:
     """The registered checks, run single-flight, reusing a fresh result."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, check_seconds: float = CHECK_SECONDS) -> None:
         self.metrics = metrics
+        self.check_seconds = check_seconds
         self.checks: list[ReadyCheck] = []
         self._result: tuple[float, int, bytes] | None = None
         self._running: asyncio.Task[tuple[int, bytes]] | None = None
+        # Each check's probe while it runs (one at a time per check, see the docstring).
+        self._probes: dict[str, asyncio.Future[tuple[bool, str]]] = {}
+        self._shutting_down = False
 
     def add(self, name: str, probe: Probe, *, required: bool = False) -> None:
         if any(c.name == name for c in self.checks):
             raise ValueError(f"readiness check {name!r} registered twice")
         self.checks.append(ReadyCheck(name, probe, required))
 
+    def shutting_down(self) -> None:
+        """SIGTERM: from now on /readyz is 503, whatever the checks say."""
+        self._shutting_down = True
+
     async def response(self) -> web.Response:
-        status, body = await self._get()
+        if self._shutting_down:
+            status, body = 503, _SHUTTING_DOWN
+        else:
+            status, body = await self._get()
         return web.Response(status=status, body=body, content_type="application/json")
 
     async def _get(self) -> tuple[int, bytes]:
@@ -77,14 +98,33 @@ class Readiness:
         # shield: one client going away does not cancel the probe the others await.
         return await asyncio.shield(self._running)
 
+    def _probe(self, check: ReadyCheck) -> asyncio.Future[tuple[bool, str]]:
+        """The check's probe: the one still running from an earlier evaluation, else a
+        new one."""
+        running = self._probes.get(check.name)
+        if running is not None and running.done() and not running.cancelled():
+            running.exception()  # a late answer nobody waits for any more
+        if running is None or running.done():
+            running = self._probes[check.name] = asyncio.ensure_future(check.probe())
+        return running
+
+    def _outcome(
+        self, check: ReadyCheck, probe: asyncio.Future[tuple[bool, str]]
+    ) -> tuple[bool, str]:
+        if not probe.done():
+            return False, f"no answer within {self.check_seconds:g} s"
+        self._probes.pop(check.name, None)
+        exc = probe.exception()
+        if exc is not None:  # a readiness probe must answer, whatever broke
+            log.error("readiness check %s failed", check.name, exc_info=exc)
+            return False, "the check failed (see the log)"
+        return probe.result()
+
     async def _evaluate(self) -> tuple[int, bytes]:
-        results: dict[str, tuple[bool, str]] = {}
-        for check in self.checks:
-            try:
-                results[check.name] = await check.probe()
-            except Exception:  # a readiness probe must answer, whatever broke
-                log.exception("readiness check %s failed", check.name)
-                results[check.name] = (False, "the check failed (see the log)")
+        probes = {check.name: self._probe(check) for check in self.checks}
+        if probes:
+            await asyncio.wait(probes.values(), timeout=self.check_seconds)
+        results = {check.name: self._outcome(check, probes[check.name]) for check in self.checks}
         required = {c.name for c in self.checks if c.required}
         checks = {
             name: {"ok": ok, "required": name in required, "detail": public_detail(detail)}
@@ -98,6 +138,21 @@ class Readiness:
         status = 200 if ready else 503
         self._result = (time.monotonic(), status, body)
         return status, body
+
+
+_SHUTTING_DOWN = json.dumps(
+    {
+        "ready": False,
+        "degraded": ["shutdown"],
+        "checks": {
+            "shutdown": {
+                "ok": False,
+                "required": True,
+                "detail": "shutting down: finishing requests, taking no new ones soon",
+            }
+        },
+    }
+).encode()
 
 
 def _get_only(method: str, path: str) -> None:

@@ -14,8 +14,10 @@ Public aiohttp API only.
 Shutdown (`drain`): aiohttp's own waits for a handler up to its timeout, then cancels
 it and waits up to the timeout again, so requests in flight were cut at about twice
 the grace, and a handler that outlived its cancellation held the exit longer still.
-`drain(grace)` instead stops accepting, ends open watches at once (the app's
-`on_shutdown`), lets the requests in flight finish until the deadline, then cancels
+`drain(grace)` instead stops accepting, closes every connection once its request in
+flight is answered, ends open watches at once (the app's `on_shutdown`: cleanly, so
+their clients see the end of the stream and watch again), lets the requests in flight
+finish until the deadline, then cancels
 those still open and gives them `CANCEL_SECONDS` to unwind (the quota stage hands what
 they reserved to its settling, never releasing it blindly: DESIGN §7). The cleanup that
 follows waits for no handler any more: the runner's shutdown timeout is
@@ -113,6 +115,10 @@ class FrontDoorRunner(web.ServerRunner):
         deadline = loop.time() + grace
         for site in list(self.sites):
             await site.stop()
+        if self.server is not None:
+            # Every connection closes once its request in flight is answered (idle ones
+            # now): a client's next request, a re-watch too, goes to another process.
+            self.server.pre_shutdown()
         await self.shutdown()  # the app's on_shutdown: open watches end at once
         pending = {t for t in self.in_flight if not t.done()}
         if pending:

@@ -37,8 +37,8 @@ Every forwarded request runs through `WatchRelay.run`, watch or not:
   closes its upstream connection and ends the chunked answer cleanly: the client sees
   the watch end and watches again, and gets the answer the new terms give. A watch
   ended before its answer started is answered with the refusal instead.
-- `close_all()` ends every open watch at once by cutting its client (SIGTERM: the
-  clients re-watch elsewhere).
+- `close_all()` ends every open watch at once, cleanly as above (SIGTERM: the clients
+  see the end of the stream and re-watch elsewhere).
 """
 
 from __future__ import annotations
@@ -302,12 +302,11 @@ class WatchRelay:
             exchange.task.cancel()
 
     def close_all(self) -> None:
-        """End every open watch now: cut its client and close its upstream connection."""
+        """End every open watch now (SIGTERM): its upstream connection closed, its answer
+        ended cleanly (a watch not answered yet gets a 503), so the client re-watches."""
         for exchange in list(self.watches):
-            transport = exchange.request.transport
-            if transport is not None:
-                transport.abort()
-            self._cut(exchange)
+            refusal = StatusError(503, "the sidecar is shutting down; watch again")
+            self.end(exchange, "the sidecar is shutting down", refusal)
 
     # -- following the policy and the credentials ------------------------------------
 

@@ -222,15 +222,22 @@ class AuthorizeStage:
                 identity.tenant,
                 v.reason,
             )
-            self._apply(ctx, identity, v)
-            return await call_next(ctx)
+            return await self._forward(ctx, identity, v, call_next)
         self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
         if not v.allowed:
             if ctx.dry_run:
                 ctx.audit["authz"]["mode"] = "dry-run (not relaxed)"
             raise v.refusal()
+        return await self._forward(ctx, identity, v, call_next)
+
+    async def _forward(
+        self, ctx: RequestContext, identity: Identity, v: Verdict, call_next: Handler
+    ) -> web.StreamResponse:
         self._apply(ctx, identity, v)
-        return await call_next(ctx)
+        try:
+            return await call_next(ctx)
+        finally:
+            self._forget_written(ctx, identity, v)
 
     def _apply(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
         """What the verdict asks of the forwarded request, in every mode."""
@@ -253,6 +260,26 @@ class AuthorizeStage:
         if v.needs_object and t is not None and t.verb not in READ_VERBS:
             # The write may change the owner: later reads must not use a stale one.
             self.authz.owners.forget(identity, t)
+
+    def _forget_written(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
+        """After a write: what the caller's reads cached of the object (its owner, or
+        that it was missing) is forgotten, so the caller reads its own write (a read
+        between `_apply`'s forget and the write's end may have cached the old state)."""
+        t = v.target
+        if t is None or t.verb in READ_VERBS:
+            return
+        if t.name:
+            if v.needs_object:
+                self.authz.owners.forget(identity, t)
+            return
+        if t.verb == "create":
+            # A create names its object in the body; only a body the sidecar read
+            # (an owner-checked create) can name one the owner cache may hold.
+            body = v.body if v.body is not None else ctx.parsed_body
+            meta = body.get("metadata") if isinstance(body, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if isinstance(name, str) and name:
+                self.authz.owners.forget(identity, dataclasses.replace(t, name=name))
 
 
 def forwarded(v: Verdict, dry_run: bool) -> bool:

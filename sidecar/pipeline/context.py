@@ -11,7 +11,6 @@ metrics and audit stages.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sidecar.core import strict_json
 from sidecar.core.identity import Identity
 from sidecar.core.ids import new_id
 from sidecar.core.status import StatusError, body_too_large, unauthorized
@@ -128,14 +128,17 @@ class RequestContext:
         """The request body parsed as JSON (None when empty), for stages that must read
         it (quota-tracked and owner-checked writes, access reviews). DESIGN §7: another
         `Content-Type`, or any `Content-Encoding`, is 415 before a byte is read; bytes
-        that are not JSON are 400. The raw bytes stay in `self.body` and are what the
+        that are not JSON, or hold a number JSON cannot carry (`NaN`, `1e400`:
+        `core/strict_json.py`), are 400. The raw bytes stay in `self.body` and are what the
         upstream receives, unless a stage replaces them."""
         if self.parsed_body is not _UNSET:
             return self.parsed_body
         check_json_media(self.request)
         raw = await self.read_body()
         try:
-            value = json.loads(raw) if raw else None
+            value = strict_json.loads(raw) if raw else None
+        except strict_json.NotJsonNumber as exc:
+            raise StatusError(400, f"the request body is not valid JSON: {exc}") from None
         except (ValueError, UnicodeDecodeError):
             raise StatusError(400, "the request body is not valid JSON") from None
         self.parsed_body = value

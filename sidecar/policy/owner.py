@@ -2,7 +2,9 @@
 
 Owns reading an owner field out of an object, the owner lookup through the upstream
 (a GET the sidecar makes itself; reads may use a bounded TTL cache keyed by the
-caller's tenant so one tenant never sees another's entry, writes always read fresh),
+caller's tenant so one tenant never sees another's entry, writes always read fresh;
+a miss is cached like a find, so an object the caller does not own and a missing one
+take the same path and the same time: no existence oracle by timing, DESIGN §5),
 the owner filter for list responses (`list_filter`: which items and Table rows pass,
 item by item; the streaming itself is sidecar/services/listfilter.py's), and the body rule
 for writes under a grant that is not cluster-wide (`enforce_owner`: the owner is the
@@ -27,6 +29,8 @@ from sidecar.core.status import StatusError, forbidden
 from sidecar.core.target import RequestTarget, Scope
 
 _MISSING = object()
+# A cached miss: the object does not exist.
+_ABSENT: dict[str, Any] = {}
 
 
 def owner_value(obj: Any, field: str) -> str | None:
@@ -72,7 +76,8 @@ GetJson = Callable[..., Any]
 
 
 class OwnerLookup:
-    """Owner reads through the upstream with a short, bounded, tenant-keyed cache."""
+    """Owner reads through the upstream with a short, bounded, tenant-keyed cache of
+    finds and misses alike."""
 
     def __init__(self, maxsize: int, ttl: float) -> None:
         self._cache: TTLCache[tuple[str, str], dict[str, Any]] | None = (
@@ -91,13 +96,16 @@ class OwnerLookup:
         """The stored object (only as a mapping), or None when it does not exist (the
         caller decides as for an object nobody owns, so the two look alike); 503 if
         the upstream fails, so an owner decision is never made without the owner.
-        `fresh` skips the cache: the owner behind a write is always read anew."""
+        `fresh` leaves the cache alone: the owner behind a write is always read anew
+        (and what it finds, or not, is no hint to later reads either). What a read
+        finds is cached, a miss as well: a repeated read of an object the caller does
+        not own and of a missing one both come from the cache."""
         path = item_path(target)
         key = (identity.tenant, path)
         if self._cache is not None and not fresh:
             hit = self._cache.get(key)
             if hit is not None:
-                return hit
+                return None if hit is _ABSENT else hit
         try:
             status, body = await get_json(path, identity, request_id=request_id)
         except StatusError as exc:
@@ -105,7 +113,8 @@ class OwnerLookup:
                 503, f"cannot check the owner of {target.resource} {target.name!r}: {exc.message}"
             ) from None
         if status == 404:
-            self.forget(identity, target)
+            if self._cache is not None and not fresh:
+                self._cache[key] = _ABSENT
             return None
         if status != 200:
             raise StatusError(
@@ -114,7 +123,7 @@ class OwnerLookup:
                 f"the upstream answered {status}",
             )
         obj = body if isinstance(body, dict) else {}
-        if self._cache is not None:
+        if self._cache is not None and not fresh:
             self._cache[key] = obj
         return obj
 

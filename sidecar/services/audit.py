@@ -11,6 +11,15 @@ not a line yet) to stdout
 `asyncio.Queue`: a queue costs a few microseconds per record in futures and
 bookkeeping, on every request.)
 
+A sink that cannot be written (a full disk, a read-only file, a closed pipe) drops the
+records and says so, never a traceback per record (DESIGN §9): `ready()` (the `audit`
+check of `/readyz`) is failed with the reason until a write succeeds again, and one
+log line per `FAILURE_LOG_SECONDS` says how many records were dropped. Records reach a
+file whole or not at all: the writer appends each batch with `os.write` under an
+exclusive `flock` (workers sharing the file take turns), and when the disk fills in the
+middle of a batch, the records written whole are kept and the cut one is truncated
+away (`FileSink`), so no line of the file is ever a part of a record.
+
 A record is at most `MAX_RECORD_BYTES` (4 KiB, DESIGN §9): a line that would be longer
 is rebuilt by `cap` with its longest texts cut (a long target, user, group list or
 reason) and `"truncated": true`, still exactly one line of valid JSON. Refusals of
@@ -25,8 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
+import io
 import json
 import logging
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +67,8 @@ REFUSAL_WINDOW_SECONDS = 1.0
 MAX_REFUSAL_ADDRESSES = 10000
 # An open window keeps its record: at most this long (so 10 MB for all of them).
 REFUSAL_RECORD_BYTES = 1024
+# While the sink cannot be written: at most one log line per this many seconds.
+FAILURE_LOG_SECONDS = 30.0
 
 
 # JSON string literals, ASCII-escaped (C): the same text `encode` gives a string.
@@ -89,38 +105,151 @@ def authz_record(v: Verdict) -> dict[str, Any]:
     return record
 
 
+class SinkError(Exception):
+    """A write failed: `kept` of its records were written whole, the rest not at all."""
+
+    def __init__(self, kept: int, reason: str) -> None:
+        super().__init__(reason)
+        self.kept = kept
+        self.reason = reason
+
+
+def _reason(exc: OSError) -> str:
+    """What went wrong, without the path (DESIGN §9: no file path in /readyz)."""
+    return exc.strerror or (errno.errorcode.get(exc.errno or 0) or type(exc).__name__)
+
+
+class FileSink:
+    """Appends batches to a file descriptor, whole records or none (module docstring)."""
+
+    def __init__(self, fd: int, owned: bool) -> None:
+        self.fd = fd
+        self.owned = owned
+        self.regular = stat.S_ISREG(os.fstat(fd).st_mode)
+
+    @classmethod
+    def open(cls, path: str) -> FileSink:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        return cls(os.open(path, flags, 0o666), owned=True)
+
+    def write(self, data: bytes) -> None:
+        """Write `data` (whole lines); SinkError with the lines kept when it fails."""
+        if self.regular:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            self._write(data)
+        finally:
+            if self.regular:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                n = os.write(self.fd, view[done:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += n
+        except OSError as exc:
+            whole = data.rfind(b"\n", 0, done) + 1
+            if whole < done:
+                self._take_back(done - whole)
+            raise SinkError(data.count(b"\n", 0, whole), _reason(exc)) from None
+
+    def _take_back(self, cut: int) -> None:
+        """Remove the last `cut` bytes written: the part of a record that did not fit.
+        Under the lock nobody appended after them, so they end the file."""
+        if not self.regular:
+            return  # a pipe or a device: nothing can be taken back (and nothing kept)
+        try:
+            end = os.lseek(self.fd, 0, os.SEEK_END)
+            os.ftruncate(self.fd, max(0, end - cut))
+        except OSError as exc:
+            log.error("audit: cannot remove a record cut short (%s)", _reason(exc))
+
+    def close(self) -> None:
+        if self.owned:
+            os.close(self.fd)
+
+
+class StreamSink:
+    """A text stream without a file descriptor (stdout replaced, as under a test's
+    capture): written as text, all or nothing as far as it reports."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.stream.write(data.decode("utf-8"))
+            self.stream.flush()
+        except OSError as exc:
+            raise SinkError(0, _reason(exc)) from None
+
+    def close(self) -> None:
+        return
+
+
+Sink = FileSink | StreamSink
+
+
+def _stdout_sink() -> Sink:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, io.UnsupportedOperation, ValueError):
+        return StreamSink(sys.stdout)
+    sys.stdout.flush()
+    return FileSink(fd, owned=False)
+
+
 class AuditLog:
-    def __init__(self, config: AuditConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, config: AuditConfig, metrics: Metrics, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.config = config
         self.metrics = metrics
+        self.clock = clock
         self._capacity = max(1, config.queue_size)
         self._pending: list[dict[str, Any] | str] = []
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._stream: IO[str] | None = None
+        self._sink: Sink | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.written = 0
         self.dropped = 0
         self.refusals = AnonymousRefusals(self.emit)
+        # While the sink cannot be written: why, and the records dropped since the
+        # last log line saying so (logged at most once per FAILURE_LOG_SECONDS).
+        self.failure: str | None = None
+        self._failed_unlogged = 0
+        self._failure_logged_at: float | None = None
 
     async def start(self) -> None:
         if self._task is not None:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
         if self.config.path == "-":
-            self._stream = sys.stdout
+            self._sink = _stdout_sink()
         else:
             # Opened once at start-up: a bad path fails the start, loudly.
             loop = asyncio.get_running_loop()
             try:
-                self._stream = await loop.run_in_executor(self._executor, self._open)
+                self._sink = await loop.run_in_executor(self._executor, self._open)
             except OSError:
                 self._executor.shutdown(wait=False)
                 self._executor = None
                 raise
         self._stopping = False
         self._task = asyncio.create_task(self._drain(), name="audit-drain")
+
+    async def ready(self) -> tuple[bool, str]:
+        """The `/readyz` check: failed while the last write failed (with the reason);
+        the sidecar still serves (DESIGN §9: the audit writer is part of readiness)."""
+        if self.failure is not None:
+            return False, f"cannot write the audit log ({self.failure}); records are dropped"
+        return True, "writing"
 
     async def stop(self) -> None:
         """Flush what is queued (bounded wait), then close the file."""
@@ -138,9 +267,9 @@ class AuditLog:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        if self._stream is not None and self._stream is not sys.stdout:
-            self._stream.close()
-        self._stream = None
+        if self._sink is not None:
+            self._sink.close()
+        self._sink = None
 
     def emit(self, record: dict[str, Any] | str) -> None:
         """Queue one record (a dict, or a line `line_for` made); never blocks, never
@@ -168,24 +297,62 @@ class AuditLog:
                 part = batch[start : start + MAX_BATCH]
                 try:
                     await loop.run_in_executor(self._executor, self._write_batch, part)
-                    self.written += len(part)
+                except SinkError as exc:
+                    self.written += exc.kept
+                    self._failed(len(part) - exc.kept, exc.reason)
                 except Exception:  # a broken sink must not kill the drain task
                     log.exception("audit: cannot write %d records", len(part))
-                    self.dropped += len(part)
-                    self.metrics.audit_dropped.inc(len(part))
+                    self._failed(len(part), "the writer failed")
+                else:
+                    self.written += len(part)
+                    self._recovered()
             if self._stopping and not self._pending:
                 return
 
-    def _open(self) -> IO[str]:
-        return open(self.config.path, "a", encoding="utf-8")
+    def _failed(self, lost: int, reason: str) -> None:
+        """`lost` records were not written: counted, shown in /readyz, and logged once
+        per FAILURE_LOG_SECONDS however many batches fail."""
+        self.dropped += lost
+        self.metrics.audit_dropped.inc(lost)
+        self._failed_unlogged += lost
+        now = self.clock()
+        first = self.failure is None
+        self.failure = reason
+        logged = self._failure_logged_at
+        if first or logged is None or now - logged >= FAILURE_LOG_SECONDS:
+            log.error(
+                "audit: cannot write the audit log (%s): %d records dropped%s; /readyz "
+                "shows audit degraded until a write succeeds (next report in %.0f s)",
+                reason,
+                self._failed_unlogged,
+                "" if first else f" in the last {now - (logged or now):.0f} s",
+                FAILURE_LOG_SECONDS,
+            )
+            self._failure_logged_at = now
+            self._failed_unlogged = 0
+
+    def _recovered(self) -> None:
+        if self.failure is None:
+            return
+        log.warning(
+            "audit: writing the audit log again (%d more records were dropped before)",
+            self._failed_unlogged,
+        )
+        self.failure = None
+        self._failed_unlogged = 0
+        self._failure_logged_at = None
+
+    def _open(self) -> Sink:
+        return FileSink.open(self.config.path)
 
     def _write_batch(self, batch: list[dict[str, Any] | str]) -> None:
-        """In the writer thread: encode (what is not a line yet) and write one batch."""
-        stream = self._stream
-        if stream is None:
+        """In the writer thread: encode (what is not a line yet) and write one batch
+        (SinkError when the sink fails, with the records written whole)."""
+        sink = self._sink
+        if sink is None:
             return
-        stream.write("".join(r if isinstance(r, str) else _safe_encode(r) for r in batch))
-        stream.flush()
+        text = "".join(r if isinstance(r, str) else _safe_encode(r) for r in batch)
+        sink.write(text.encode("utf-8", "backslashreplace"))
 
 
 def _safe_encode(record: dict[str, Any]) -> str:

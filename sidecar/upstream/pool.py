@@ -24,6 +24,9 @@ test_upstream_pool.py, and the proxy and tests/security suites through the sidec
   retried once on a new connection, only when it is idempotent and its body is not a
   stream (it cannot have been acted on twice, and it can be sent again).
 - At most `size` connections; further callers wait for one (under their own timeout).
+- A connection idle for `idle_seconds` is closed by the pool's reaper (one task per
+  pool, running only while connections are idle, waking when the oldest one's time is
+  up), so a burst of connections (after an upstream stall) does not stay open for good.
 - Header names and values containing CR, LF or NUL are refused (`ValueError`) before
   anything is sent: no header can smuggle another line upstream.
 
@@ -444,9 +447,16 @@ class UpstreamPool:
     """At most `size` keep-alive connections to one upstream (`http://host:port[/prefix]`,
     `https://…`, or `unix:/path`)."""
 
-    def __init__(self, upstream: str, size: int, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        size: int,
+        connect_timeout: float,
+        idle_seconds: float = IDLE_SECONDS,
+    ) -> None:
         self.size = size
         self.connect_timeout = connect_timeout
+        self.idle_seconds = idle_seconds
         self._unix_path: str | None = None
         self._ssl: ssl.SSLContext | None = None
         if upstream.startswith("unix:"):
@@ -469,6 +479,7 @@ class UpstreamPool:
         self._closed = False
         self._deadlines: dict[_Connection, float] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     @property
     def open_connections(self) -> int:
@@ -565,7 +576,7 @@ class UpstreamPool:
             now = loop.time()
             while self._idle:
                 conn = self._idle.pop()
-                if conn.reusable and not conn.lost and now - conn.idle_since < IDLE_SECONDS:
+                if conn.reusable and not conn.lost and now - conn.idle_since < self.idle_seconds:
                     return conn, True
                 conn.abort()
             if self._open < self.size:
@@ -614,9 +625,26 @@ class UpstreamPool:
             conn.abort()
             return
         conn.reset_for_idle()
-        conn.idle_since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
         self._idle.append(conn)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = loop.create_task(self._reap())
         self._wake_one()
+
+    async def _reap(self) -> None:
+        """While any connection is idle: close those idle for `idle_seconds`, oldest
+        first (`_idle` is in the order they went idle: new ones are appended and the
+        newest is reused first), then sleep until the next one's time is up."""
+        loop = asyncio.get_running_loop()
+        # No await between finding nothing idle and returning, so a connection that
+        # `put_back` adds is always seen by this task or starts a new one.
+        while self._idle:
+            due = self._idle[0].idle_since + self.idle_seconds - loop.time()
+            if due > 0:
+                await asyncio.sleep(due)
+                continue
+            self._idle.pop(0).abort()
 
     def forget(self, conn: _Connection) -> None:
         """`conn` is closed: it no longer counts against the pool's size."""
@@ -635,8 +663,9 @@ class UpstreamPool:
     async def close(self) -> None:
         """Close the idle connections now; busy ones close when their exchange ends."""
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
+        for task in (self._ticker, self._reaper):
+            if task is not None:
+                task.cancel()
         for conn in list(self._idle):
             conn.abort()
         self._idle.clear()

@@ -106,6 +106,11 @@ UNKEEPABLE = [
     # nesting deeper than any object (and than Python's recursion limit)
     b'{"metadata": {"name": "s"}, "data": {"a": ' + b"[" * DEEP + b"]" * DEEP + b"}}",
     b'{"metadata": {"name": "s"}, "spec": ' + b'{"a": ' * 150 + b"1" + b"}" * 150 + b"}",
+    # numbers JSON cannot carry (issue 28): stored, they made every list unreadable
+    b'{"metadata": {"name": "s"}, "data": {"a": 1e400}}',
+    b'{"metadata": {"name": "s"}, "data": {"a": -Infinity}}',
+    b'{"metadata": {"name": "s"}, "data": {"a": ' + b"9" * 400 + b"}}",
+    b'{"metadata": {"name": "s"}, "data": {"a": ' + b"9" * 5000 + b"}}",
 ]
 
 
@@ -133,6 +138,31 @@ async def test_bodies_the_store_cannot_keep_are_400(api: aiohttp.ClientSession, 
         assert resp.status == 400, (method, ctype, await resp.text())
         status = await resp.json()
         assert (status["kind"], status["code"]) == ("Status", 400)
+    assert await names(api, CMS) == ["s"]
+    assert (await (await api.get(f"{CMS}/s")).json())["data"] == {"a": "1"}
+
+
+YAML_NUMBERS = [".inf", "-.inf", ".nan", "1.0e+400", "9" * 400, "9" * 5000]
+
+
+@pytest.mark.parametrize("number", YAML_NUMBERS, ids=lambda n: n[:12])
+async def test_yaml_numbers_json_cannot_carry_are_400(
+    api: aiohttp.ClientSession, number: str
+) -> None:
+    """An apply body's YAML number beyond a float (a 5000-digit one was a 500) or not a
+    number at all is a 400 naming it; nothing stored, whether the apply creates or
+    patches."""
+    await api.post(CMS, json={"metadata": {"name": "s"}, "data": {"a": "1"}})
+    for name in ("s", "new"):
+        text = f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\nx: {number}\n"
+        resp = await api.patch(
+            f"{CMS}/{name}?fieldManager=m",
+            data=text.encode(),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        assert resp.status == 400, (name, await resp.text())
+        status = await resp.json()
+        assert "a number JSON cannot carry" in status["message"], status
     assert await names(api, CMS) == ["s"]
     assert (await (await api.get(f"{CMS}/s")).json())["data"] == {"a": "1"}
 

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import aiohttp
 import pytest
 
+from sidecar.upstream.pool import IDLE_SECONDS
 from tests.rigs import processes
 from tests.rigs.raw_http import (
     ADMIN_TOKEN,
@@ -24,6 +30,8 @@ from tests.rigs.raw_http import (
     response_bytes,
     sidecar_config,
 )
+from tests.rigs.relay import RecordingRelay
+from tests.rigs.waiting import eventually
 
 EVENTS = "/api/v1/tenants/acme/namespaces/dev/events"
 READ_TIMEOUT = 0.5
@@ -126,3 +134,62 @@ async def test_an_oversized_streamed_body_is_413_and_its_connection_is_not_reuse
     received, errors = upstream.snapshot()
     assert errors == []  # nothing the upstream parsed was malformed
     assert not any(m.method == "POST" and len(m.body) > MAX_BODY for m in received)
+
+
+BURST = 40
+
+
+@pytest.mark.slow
+async def test_idle_connections_after_a_store_stall_are_closed_at_the_idle_limit(
+    tmp_path: Path,
+) -> None:
+    """Found by fault injection (issue 29): after a store stall, 144 idle upstream
+    connections stayed open, since the pool looked at idleness only when it handed a
+    connection out. The real store stalls (SIGSTOP) under a burst of reads through the
+    real sidecar, so each read takes a connection of its own; once the store answers
+    again, every one of them is idle, and the pool's reaper closes each at the idle
+    limit (`IDLE_SECONDS`, 30 s), not before. A relay between the two counts the
+    sidecar's connections."""
+    store = await asyncio.to_thread(processes.start_store, tmp_path)
+    relay = RecordingRelay(store.port)
+    await relay.start()
+    proc = None
+    try:
+        proc = await asyncio.to_thread(
+            processes.start_sidecar, tmp_path, sidecar_config(tmp_path, relay.url)
+        )
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def read(i: int) -> int:
+                async with http.get(f"{proc.url}/api/v1/nodes/burst-{i}", headers=headers) as r:
+                    await r.read()
+                    return r.status
+
+            os.kill(store.proc.pid, signal.SIGSTOP)
+            try:
+                reads = [asyncio.ensure_future(read(i)) for i in range(BURST)]
+                await eventually(
+                    lambda: relay.requests_with(b"burst-") == BURST,
+                    what="every read waits on a connection of its own",
+                )
+            finally:
+                os.kill(store.proc.pid, signal.SIGCONT)
+            assert await asyncio.gather(*reads) == [404] * BURST
+        idle_from = time.monotonic()
+        burst = [link for link in relay.links if link.carried(b"burst-")]
+        assert len(burst) == BURST
+        assert all(not link.closed for link in burst)  # idle in the pool, all of them
+        await eventually(
+            lambda: all(link.closed for link in burst),
+            within=IDLE_SECONDS + 15,
+            what="the idle connections closed",
+        )
+        took = time.monotonic() - idle_from
+        print(f"{BURST} idle upstream connections closed {took:.1f} s after they went idle")
+        assert took >= IDLE_SECONDS - 1  # at the limit, not before
+    finally:
+        if proc is not None:
+            proc.stop()
+        await relay.stop()
+        store.stop()

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from sidecar.edge.health import READY_CACHE_SECONDS
 from tests.rigs import processes, tenancy
 from tests.rigs.tenancy import SHIPPED_POLICIES
 from tests.rigs.waiting import eventually
@@ -134,3 +138,86 @@ async def test_never_limited_never_forwarded(tmp_path: Path) -> None:
         pings = env.upstream_saw("/healthz")
         assert all(seen == ("GET", "/healthz") for seen in pings), pings
         assert len(pings) < 30, len(pings)
+
+
+class Blackhole:
+    """A TCP listener that accepts connections and never answers: a stalled Redis."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Blackhole:
+        async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # until the client gives up; nothing is ever answered
+            writer.close()
+
+        self.server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def timed_readyz(http: aiohttp.ClientSession, url: str) -> tuple[float, int, dict[str, Any]]:
+    """A fresh evaluation of /readyz (after the reused result has expired) and how long
+    it took to answer."""
+    await asyncio.sleep(READY_CACHE_SECONDS + 0.1)  # the behaviour under test: not the reuse
+    started = time.monotonic()
+    status, body, _ = await readyz(http, url)
+    return time.monotonic() - started, status, body
+
+
+async def test_readyz_answers_within_a_second_whatever_the_upstream_and_ledger_do(
+    tmp_path: Path,
+) -> None:
+    """Found by fault injection (issue 29): `/readyz` took over 2 s to answer while the
+    store stalled (its checks ran one after another, each with its own long timeout),
+    so probes timed out instead of reading the answer. Checks run concurrently; one
+    without an answer within the budget counts as failed. A Redis ledger that never
+    answers, then a stalled store (SIGSTOP): every answer within 1 s, saying which."""
+    store = processes.start_store(tmp_path)
+    try:
+        async with Blackhole() as redis:
+            proc = await asyncio.to_thread(
+                processes.start_sidecar,
+                tmp_path,
+                {
+                    "upstream": store.url,
+                    "policies": str(SHIPPED_POLICIES),
+                    "reload": {"enabled": False},
+                    "ledger": f"redis://127.0.0.1:{redis.port}/0",
+                },
+            )
+            try:
+                async with aiohttp.ClientSession() as http:
+                    for _ in range(3):
+                        took, status, body = await timed_readyz(http, proc.url)
+                        print(f"stalled ledger: /readyz {status} in {took:.2f} s")
+                        assert took < 1.0, (took, body)
+                        assert status == 200, body
+                        assert body["checks"]["ledger"]["ok"] is False, body
+                        assert body["checks"]["upstream"]["ok"] is True, body
+                    os.kill(store.proc.pid, signal.SIGSTOP)  # the store stalls
+                    try:
+                        for _ in range(3):
+                            took, status, body = await timed_readyz(http, proc.url)
+                            print(f"stalled store: /readyz {status} in {took:.2f} s")
+                            assert took < 1.0, (took, body)
+                            assert status == 503, body
+                            assert body["checks"]["upstream"]["ok"] is False, body
+                            assert "no answer within" in body["checks"]["upstream"]["detail"]
+                    finally:
+                        os.kill(store.proc.pid, signal.SIGCONT)
+
+                    async def upstream_back() -> bool:
+                        status, body, _ = await readyz(http, proc.url)
+                        return status == 200 and body["checks"]["upstream"]["ok"] is True
+
+                    await eventually(upstream_back, within=15, what="the store answers again")
+            finally:
+                proc.stop()
+    finally:
+        store.stop()

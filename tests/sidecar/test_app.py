@@ -47,13 +47,20 @@ async def test_readiness_checks_are_the_registered_ones(
 ) -> None:
     response = await client.get("/readyz")
     body = await response.json()
-    assert set(body["checks"]) == {"policy", "upstream", "ledger", "ratelimit", "credentials"}
+    assert set(body["checks"]) == {
+        "policy",
+        "upstream",
+        "ledger",
+        "ratelimit",
+        "audit",
+        "credentials",
+    }
     assert {n for n, c in body["checks"].items() if c["required"]} == {"policy", "upstream"}
     # The upstream is down: a required check fails, so the sidecar cannot serve.
     assert response.status == 503
     assert body["degraded"] == ["upstream"]
     names = [c.name for c in client.app[READINESS_KEY].checks]
-    assert names == ["policy", "upstream", "ledger", "ratelimit", "credentials"]
+    assert names == ["policy", "upstream", "ledger", "ratelimit", "audit", "credentials"]
 
 
 async def test_a_check_registered_twice_is_refused(

@@ -47,9 +47,13 @@ def test_the_sidecar_config_in_the_configmap_loads(tmp_path: Path) -> None:
 
 
 def test_grace_period_covers_the_shutdown_grace_and_the_pre_stop_pause(tmp_path: Path) -> None:
+    """preStop pause + the drain (/readyz 503 while serving) + the grace + 1 s to exit
+    (DESIGN §9) all fit before the kubelet's SIGKILL."""
     path = tmp_path / "sidecar.yaml"
     path.write_text(_one("ConfigMap", "sidecar-config")["data"]["sidecar.yaml"])
-    grace = load_config(path, env={}).limits.shutdown_grace_seconds
+    config = load_config(path, env={})
+    assert config.shutdown_drain_seconds > 0  # the manifests drain readiness first
+    grace = config.limits.shutdown_grace_seconds + config.shutdown_drain_seconds + 1
     deployment = _one("Deployment", "tenant-api")
     pod = deployment["spec"]["template"]["spec"]
     pre_stop = " ".join(

@@ -10,12 +10,15 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sidecar.core.identity import Identity
 from sidecar.core.status import StatusError
-from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, enforce_owner, patch_kind
+from sidecar.core.target import RequestTarget, Scope
+from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, OwnerLookup, enforce_owner, patch_kind
 from sidecar.policy.tools.explain import case_patch_kind
 from tests.rigs import processes
 from tests.rigs.client import BearerClient
 from tests.rigs.paths import POLICY_CASES as CASES_DIR
+from tests.rigs.policies import EVERYTHING
 from tests.rigs.tokens import CASE_TOKENS as TOKENS
 
 
@@ -201,3 +204,119 @@ def test_a_test_cases_body_is_read_as_a_request_with_its_content_type() -> None:
     )
     assert case_patch_kind("PATCH", {"a": 1}) == patch_kind("PATCH", MERGE_PATCH) == "merge"
     assert case_patch_kind("PUT", {"a": 1}) == patch_kind("PUT", JSON_PATCH) == ""
+
+
+NODE = RequestTarget(
+    path="/api/v1/nodes/n1",
+    verb="get",
+    resource_request=True,
+    api_version="v1",
+    scope=Scope.CLUSTER,
+    resource="nodes",
+    name="n1",
+)
+
+
+class CountingUpstream:
+    """`get_json` answering from `objects` (path → object; absent: 404), counting calls."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls = 0
+
+    async def __call__(
+        self, path: str, identity: Identity, request_id: str = ""
+    ) -> tuple[int, Any]:
+        self.calls += 1
+        if path in self.objects:
+            return 200, self.objects[path]
+        return 404, {"kind": "Status", "code": 404}
+
+
+async def test_the_lookup_caches_a_miss_as_it_caches_a_find() -> None:
+    """Issue 28, finding 5: a find was cached and a miss never was, so the 404 of an
+    unowned object came faster than the 404 of a missing one. Both are cached now."""
+    upstream, owners = CountingUpstream(), OwnerLookup(maxsize=100, ttl=60)
+    acme, beta = Identity("oscar", "acme"), Identity("bea", "beta")
+    assert await owners.fetch(upstream, acme, NODE) is None
+    assert await owners.fetch(upstream, acme, NODE) is None
+    assert upstream.calls == 1
+    # Keyed by tenant: another tenant's read goes to the upstream.
+    upstream.objects["/api/v1/nodes/n1"] = {"spec": {"owner": "beta"}}
+    assert await owners.fetch(upstream, beta, NODE) == {"spec": {"owner": "beta"}}
+    assert await owners.fetch(upstream, beta, NODE) == {"spec": {"owner": "beta"}}
+    assert upstream.calls == 2
+    # Forgetting a miss: the next read sees the object.
+    owners.forget(acme, NODE)
+    assert await owners.fetch(upstream, acme, NODE) == {"spec": {"owner": "beta"}}
+    assert upstream.calls == 3
+
+
+async def test_a_fresh_read_neither_uses_nor_fills_the_cache() -> None:
+    """The owner behind a write is read anew, and what it finds (or not) leaves no
+    trace for later reads: they would otherwise tell a find from a miss."""
+    upstream, owners = CountingUpstream(), OwnerLookup(maxsize=100, ttl=60)
+    acme = Identity("oscar", "acme")
+    upstream.objects["/api/v1/nodes/n1"] = {"spec": {"owner": "beta"}}
+    assert await owners.fetch(upstream, acme, NODE, fresh=True) == {"spec": {"owner": "beta"}}
+    del upstream.objects["/api/v1/nodes/n1"]
+    assert await owners.fetch(upstream, acme, NODE) is None  # not from the cache
+    assert await owners.fetch(upstream, acme, NODE) is None  # cached now
+    upstream.objects["/api/v1/nodes/n1"] = {"spec": {"owner": "acme"}}
+    assert await owners.fetch(upstream, acme, NODE, fresh=True) == {"spec": {"owner": "acme"}}
+    assert upstream.calls == 3
+    assert await owners.fetch(upstream, acme, NODE) is None  # the cached miss, unchanged
+
+
+MAKER_POLICY = (
+    EVERYTHING
+    + """\
+---
+kind: ClusterRole
+metadata: {name: node-maker}
+rules:
+- {apiGroups: [""], resources: [nodes], verbs: [create, get, patch], when: owner}
+---
+kind: TenantRoleBinding
+metadata: {name: node-makers, tenant: acme}
+roleRef: {kind: ClusterRole, name: node-maker}
+subjects: [{kind: User, name: nora}]
+"""
+)
+
+
+async def test_a_tenant_reads_the_node_it_just_created(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    """Misses are cached (for `cache.ownerTtlSeconds`, long here), so a create forgets
+    the caller's cached miss of the object it makes: `kubectl apply` (GET, then
+    create) and a `get` right after it see the new object."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "policy.yaml").write_text(MAKER_POLICY)
+    tokens = [
+        {"token": "admin", "user": "admin", "tenant": "system", "groups": []},
+        {"token": "nora", "user": "nora", "tenant": "acme", "groups": []},
+    ]
+    store = procs.store()
+    sidecar = procs.sidecar(
+        {
+            "upstream": store.url,
+            "policies": str(policies),
+            "identity": {"tokenFile": str(processes.write_tokens(tmp_path, tokens))},
+            "reload": {"enabled": False},
+            "cache": {"ownerTtlSeconds": 600},
+        }
+    )
+    async with aiohttp.ClientSession() as http:
+        c = BearerClient(http, sidecar.url)
+        status, body = await c("admin", "POST", "/api/v1/tenants", {"metadata": {"name": "acme"}})
+        assert status == 201, body
+        status, body = await c("nora", "GET", "/api/v1/nodes/made")
+        assert status == 404, body  # the miss is cached now
+        node = {"metadata": {"name": "made"}, "spec": {"resource_class": "gpu"}}
+        status, body = await c("nora", "POST", "/api/v1/nodes", node)
+        assert status == 201, body
+        assert body["spec"]["owner"] == "acme"
+        status, body = await c("nora", "GET", "/api/v1/nodes/made")
+        assert status == 200, body

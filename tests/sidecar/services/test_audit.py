@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
+import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,9 +25,12 @@ from sidecar.pipeline.audit import line_for
 from sidecar.pipeline.context import RequestContext
 from sidecar.policy.decision import Verdict
 from sidecar.services.audit import (
+    FAILURE_LOG_SECONDS,
     MAX_RECORD_BYTES,
     AnonymousRefusals,
     AuditLog,
+    FileSink,
+    SinkError,
     cap,
     encode,
 )
@@ -453,3 +459,82 @@ def test_cap_keeps_a_short_line_and_cuts_a_long_one() -> None:
     assert cut["truncated"] is True
     assert cut["path"].startswith("/xxx")
     assert cut["groups"][:1] == ["g"]
+
+
+# -- a sink that cannot be written ---------------------------------------------------------
+
+
+def test_a_write_cut_short_keeps_the_whole_records_and_takes_the_cut_one_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills in the middle of a batch: the records written whole stay, the
+    one cut short is removed, nothing is half written (DESIGN §9)."""
+    path = tmp_path / "audit.log"
+    path.write_bytes(b'{"old":1}\n')
+    sink = FileSink.open(str(path))
+    real_write = os.write
+    room = [25]  # bytes the "disk" still takes
+
+    def full_disk(fd: int, data: Any) -> int:
+        if room[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data[: room[0]]))
+        room[0] -= n
+        return n
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(SinkError) as caught:
+        sink.write(b'{"a":1}\n{"b":2}\n{"c":3333333}\n{"d":4}\n')
+    assert caught.value.kept == 2
+    assert caught.value.reason == "No space left on device"
+    assert path.read_bytes() == b'{"old":1}\n{"a":1}\n{"b":2}\n'
+    with pytest.raises(SinkError) as caught:
+        sink.write(b'{"e":5}\n')
+    assert caught.value.kept == 0
+    monkeypatch.setattr(os, "write", real_write)
+    sink.write(b'{"f":6}\n')
+    sink.close()
+    assert path.read_bytes() == b'{"old":1}\n{"a":1}\n{"b":2}\n{"f":6}\n'
+
+
+async def test_a_failing_sink_is_degraded_and_logged_once_per_interval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics()
+    now = [1000.0]
+    log = AuditLog(AuditConfig(path=str(tmp_path / "a.log")), metrics, clock=lambda: now[0])
+    await log.start()
+    assert await log.ready() == (True, "writing")
+    good = log._sink
+    log._sink = FileSink.open("/dev/full")  # the fault: every write fails
+    caplog.set_level(logging.WARNING, logger="sidecar.audit")
+
+    async def batch(n: int) -> None:
+        """`n` records, once the writer has dealt with them (written or dropped)."""
+        done = log.written + log.dropped + n
+        for i in range(n):
+            log.emit({"i": i})
+        await eventually(lambda: log.written + log.dropped == done, what="the batch dealt with")
+
+    for _ in range(3):
+        await batch(4)
+    ok, detail = await log.ready()
+    assert not ok
+    assert detail == "cannot write the audit log (No space left on device); records are dropped"
+    failures = [r for r in caplog.records if "cannot write the audit log" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in caplog.records]
+    assert not any(r.exc_info for r in caplog.records)
+    now[0] += FAILURE_LOG_SECONDS
+    await batch(2)
+    failures = [r for r in caplog.records if "cannot write the audit log" in r.getMessage()]
+    assert len(failures) == 2
+    assert "10 records dropped in the last 30 s" in failures[1].getMessage()
+    assert dropped(metrics) == 14
+    assert isinstance(log._sink, FileSink)
+    log._sink.close()
+    log._sink = good  # the disk has room again
+    await batch(1)
+    assert await log.ready() == (True, "writing")
+    assert any("writing the audit log again" in r.getMessage() for r in caplog.records)
+    await log.stop()
+    assert [json.loads(x) for x in (tmp_path / "a.log").read_text().splitlines()] == [{"i": 0}]

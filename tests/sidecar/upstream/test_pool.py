@@ -506,3 +506,30 @@ async def test_waiting_for_a_connection_counts_against_the_deadline() -> None:
         resp.release()
         assert await get(pool, "/after") == (200, b"GET /after ")
         await pool.close()
+
+
+async def test_idle_connections_are_closed_at_the_idle_limit(echo: RawUpstream) -> None:
+    """Found by fault injection (issue 29): after an upstream stall, 144 idle
+    connections stayed open, since idleness was checked only when a connection was
+    handed out. The pool's reaper closes each at its idle limit, not before, and stops
+    when nothing is idle."""
+    pool = UpstreamPool(echo.url, 16, 5, idle_seconds=0.3)
+    loop = asyncio.get_running_loop()
+    answers = await asyncio.gather(*(get(pool, f"/burst/{i}") for i in range(5)))
+    went_idle = loop.time()
+    assert [status for status, _ in answers] == [200] * 5
+    assert echo.connections == 5
+    assert pool.idle_connections == 5
+    await eventually(lambda: pool.open_connections == 0, what="the idle connections closed")
+    assert loop.time() - went_idle >= 0.3
+    assert pool.idle_connections == 0
+    await eventually(lambda: pool._reaper is not None and pool._reaper.done(), what="reaper done")
+    # A connection used again in the meantime starts its idle time anew.
+    assert await get(pool, "/again") == (200, b"GET /again ")
+    first = loop.time()
+    await asyncio.sleep(0.2)  # the behaviour under test: a reuse before the limit
+    assert await get(pool, "/reused") == (200, b"GET /reused ")
+    assert echo.connections == 6
+    await eventually(lambda: pool.open_connections == 0, what="the reused one closed")
+    assert loop.time() - first >= 0.5
+    await pool.close()

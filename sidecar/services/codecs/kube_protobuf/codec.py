@@ -35,6 +35,7 @@ from google.protobuf.unknown_fields import (  # type: ignore[import-untyped, unu
     UnknownFieldSet,
 )
 
+from sidecar.core import strict_json
 from sidecar.core.status import StatusError
 from sidecar.services.codecs.kube_protobuf.descriptors import CLASSES, TABLE, FieldSpec, full_name
 from sidecar.services.codecs.kube_protobuf.schema import KINDS, Kind
@@ -384,7 +385,9 @@ def _time(msg: Any) -> str | None:
 def _fields(msg: Any) -> dict[str, Any]:
     # FieldsV1 carries its JSON object in `Raw`.
     try:
-        value = json.loads(msg.Raw) if msg.Raw else {}
+        value = strict_json.loads(msg.Raw) if msg.Raw else {}
+    except strict_json.NotJsonNumber as exc:
+        raise ProtobufError(400, f"managedFields: fieldsV1: {exc}") from None
     except (ValueError, RecursionError):
         value = None
     if not isinstance(value, dict):

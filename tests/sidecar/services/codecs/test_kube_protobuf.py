@@ -801,6 +801,10 @@ SAR = "authorization.k8s.io/v1"
             envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b"[" * 100_000))))),
             "fieldsV1 too deep",
         ),
+        (
+            envelope("v1", "ConfigMap", meta(ld(17, ld(7, ld(1, b'{"f:a": 1e400}'))))),
+            "fieldsV1 holding a number JSON cannot carry",
+        ),
     ],
 )
 def test_malformed_body_is_400(body: bytes, why: str) -> None:
