@@ -64,6 +64,7 @@ from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
 from sidecar.policy.source.reload import Reloader
 from sidecar.policy.source.store import PolicyStore
+from sidecar.services.apipolicy import ApiPolicyFollower
 from sidecar.services.audit import AuditLog
 from sidecar.services.codecs.kube_protobuf import offload as protobuf_offload
 from sidecar.services.identity.authenticators import build_authenticators
@@ -130,6 +131,19 @@ def build_app(config: Config) -> web.Application:
         )
     )
     reloader.on_swap.append(upstream.watches.policy_changed)
+    # The second policy source: RBAC objects and namespace quotas stored through the
+    # API, followed from the store by every process (DESIGN §5).
+    follower = (
+        ApiPolicyFollower(
+            config.upstream,
+            policy,
+            reloader.swap_in,
+            connect_timeout=config.limits.upstream_connect_timeout,
+            retry_seconds=config.api_policy.retry_seconds,
+        )
+        if config.api_policy.enabled
+        else None
+    )
     credentials.on_reload.append(upstream.watches.credentials_changed)
     quota = QuotaStage(ledger, metrics, gauges, upstream)
     quota_api = QuotaApi(
@@ -141,6 +155,8 @@ def build_app(config: Config) -> web.Application:
     readiness = Readiness(metrics)
     readiness.add("policy", reloader.ready, required=True)
     readiness.add("upstream", upstream.ping, required=True)
+    if follower is not None:
+        readiness.add("apiPolicy", follower.ready, required=True)
     # A Redis ledger names its topology and its state (cluster masters, sentinel master).
     readiness.add(
         "ledger", ledger.ready if isinstance(ledger, RedisLedger) else lambda: ledger_ready(ledger)
@@ -254,11 +270,19 @@ def build_app(config: Config) -> web.Application:
             ),
             _service(credentials.start, credentials.stop),
             _service(reloader.start, reloader.stop),
+            _service(
+                follower.start if follower else None,
+                follower.stop if follower else _nothing,
+            ),
             _on_sighup([lambda: reloader.request(force=True), credentials.request]),
         ]
     )
     app.on_shutdown.append(close_watches)
     return app
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _route_all(

@@ -168,6 +168,16 @@ class ReloadConfig:
 
 
 @dataclass(frozen=True)
+class ApiPolicyConfig:
+    """The second policy source (DESIGN §5): RBAC objects and namespace ResourceQuotas
+    stored through the API, followed from the upstream by every sidecar process."""
+
+    enabled: bool = True
+    # Pause before listing again after the store could not be read.
+    retry_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:8443"
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -194,6 +204,7 @@ class Config:
     # `auto`: uvloop when it is installed (a dependency on Linux and macOS), else
     # asyncio's own loop; `uvloop` refuses to start without it.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    api_policy: ApiPolicyConfig = field(default_factory=ApiPolicyConfig)
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

@@ -18,7 +18,7 @@ meaning fails there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,14 @@ from sidecar.policy.compile import (
     split_set,
     tenant_ok,
 )
-from sidecar.policy.rbac import AUTHENTICATED_GROUP, RbacPolicy, group_key, parse_rbac, user_key
+from sidecar.policy.rbac import (
+    AUTHENTICATED_GROUP,
+    RbacPolicy,
+    RoleDef,
+    group_key,
+    parse_rbac,
+    user_key,
+)
 from sidecar.policy.scopes import DEFAULT_OWNER_FIELDS, is_cluster_scoped
 from sidecar.policy.source.files import Document, Problem, collector_paused
 
@@ -109,6 +116,9 @@ class _Role:
     urls: list[PLine] = field(default_factory=list)
 
 
+RoleIndex = _Role
+
+
 class PolicyEngine:
     def __init__(
         self, revision: str, policy: RbacPolicy | None = None, compiled: Compiled | None = None
@@ -116,53 +126,49 @@ class PolicyEngine:
         self.revision = revision
         self.policy = policy or RbacPolicy()
         self.compiled = compiled or compile_rbac(self.policy)
-        self._roles: dict[str, _Role] = {}
-        for role_def in self.policy.roles.values():
-            self._roles[role_def.key] = _Role(role_def.label)
-        roles = self._roles
-        for line in self.compiled.p_lines:
-            entry = roles[line[0]]
-            if line[1] == "url":
-                entry.urls.append(line)
-                continue
-            by_resource = entry.by_resource
-            if "*" in line[3]:  # some resource is "*" or "*/sub"
-                entry.wildcard.append(line)
-                resources = [r for r in split_set(line[3]) if "*" not in r]
-            else:
-                resources = line[3].split(",")
-            for r in resources:
-                lines = by_resource.get(r)
-                if lines is None:
-                    by_resource[r] = [line]
-                elif lines[-1] is not line:  # a resource named twice in one rule
-                    lines.append(line)
+        self._roles: dict[str, _Role] = index_roles(
+            self.policy.roles.values(), self.compiled.p_lines
+        )
         # (apiGroups, resources, ownerField) of every owner rule, for `owner_fields`.
-        self._owner_rules: list[tuple[frozenset[str], frozenset[str], str]] = [
-            (
-                frozenset(rule.api_groups),
-                frozenset(r.partition("/")[0] for r in rule.resources),
-                rule.owner_field,
-            )
-            for role_def in self.policy.roles.values()
-            for rule in role_def.rules
-            if rule.owner
-        ]
+        self._owner_rules: list[tuple[frozenset[str], frozenset[str], str]] = owner_rule_keys(
+            self.policy.roles.values()
+        )
         # (domain, subject) → {role: binding label}
-        self._links: dict[tuple[str, str], dict[str, str]] = {}
-        links = self._links
-        labels: dict[int, str] = {}  # id(binding) → its label, computed once per binding
-        for link, bindings in self.compiled.link_bindings.items():
-            sub, role_key, dom = link
-            first = bindings[0]
-            label = labels.get(id(first))
-            if label is None:
-                label = labels[id(first)] = first.label
-            roles_of = links.get((dom, sub))
-            if roles_of is None:
-                links[(dom, sub)] = {role_key: label}
-            elif role_key not in roles_of:
-                roles_of[role_key] = label
+        self._links: dict[tuple[str, str], dict[str, str]] = index_links(self.compiled)
+
+    @classmethod
+    def assemble(
+        cls,
+        revision: str,
+        policy: RbacPolicy,
+        compiled: Compiled,
+        roles: dict[str, _Role],
+        links: dict[tuple[str, str], dict[str, str]],
+        owner_rules: list[tuple[frozenset[str], frozenset[str], str]],
+    ) -> PolicyEngine:
+        """An engine from parts already indexed (`index_roles`, `index_links`): how
+        the API policy source (`sidecar/policy/source/api.py`) joins its per-tenant
+        parts to the files' engine without indexing everything again."""
+        engine = cls.__new__(cls)
+        engine.revision = revision
+        engine.policy = policy
+        engine.compiled = compiled
+        engine._roles = roles
+        engine._links = links
+        engine._owner_rules = owner_rules
+        return engine
+
+    @property
+    def role_index(self) -> dict[str, _Role]:
+        return self._roles
+
+    @property
+    def link_index(self) -> dict[tuple[str, str], dict[str, str]]:
+        return self._links
+
+    @property
+    def owner_rule_index(self) -> list[tuple[frozenset[str], frozenset[str], str]]:
+        return self._owner_rules
 
     # -- public API -------------------------------------------------------------
 
@@ -300,6 +306,64 @@ class PolicyEngine:
             if roles and role in roles and (dom != td or tenant_ok(scope, line[6])):
                 return roles[role]
         return None
+
+
+def index_roles(role_defs: Iterable[RoleDef], p_lines: Iterable[PLine]) -> dict[str, _Role]:
+    """Role key → its lines by resource (the engine's index)."""
+    roles: dict[str, _Role] = {}
+    for role_def in role_defs:
+        roles[role_def.key] = _Role(role_def.label)
+    for line in p_lines:
+        entry = roles[line[0]]
+        if line[1] == "url":
+            entry.urls.append(line)
+            continue
+        by_resource = entry.by_resource
+        if "*" in line[3]:  # some resource is "*" or "*/sub"
+            entry.wildcard.append(line)
+            resources = [r for r in split_set(line[3]) if "*" not in r]
+        else:
+            resources = line[3].split(",")
+        for r in resources:
+            lines = by_resource.get(r)
+            if lines is None:
+                by_resource[r] = [line]
+            elif lines[-1] is not line:  # a resource named twice in one rule
+                lines.append(line)
+    return roles
+
+
+def owner_rule_keys(
+    role_defs: Iterable[RoleDef],
+) -> list[tuple[frozenset[str], frozenset[str], str]]:
+    return [
+        (
+            frozenset(rule.api_groups),
+            frozenset(r.partition("/")[0] for r in rule.resources),
+            rule.owner_field,
+        )
+        for role_def in role_defs
+        for rule in role_def.rules
+        if rule.owner
+    ]
+
+
+def index_links(compiled: Compiled) -> dict[tuple[str, str], dict[str, str]]:
+    """(domain, subject) → {role key: label of the first binding linking them}."""
+    links: dict[tuple[str, str], dict[str, str]] = {}
+    labels: dict[int, str] = {}  # id(binding) → its label, computed once per binding
+    for link, bindings in compiled.link_bindings.items():
+        sub, role_key, dom = link
+        first = bindings[0]
+        label = labels.get(id(first))
+        if label is None:
+            label = labels[id(first)] = first.label
+        roles_of = links.get((dom, sub))
+        if roles_of is None:
+            links[(dom, sub)] = {role_key: label}
+        elif role_key not in roles_of:
+            roles_of[role_key] = label
+    return links
 
 
 def subject_keys(identity: Identity) -> list[str]:

@@ -11,7 +11,7 @@ knows about Casbin: `compile.py` turns `RbacPolicy` into a model and policy line
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,12 @@ RESOURCE_VERBS = frozenset(
         "delete",
         "deletecollection",
         "impersonate",
+        # RBAC's own verbs (DESIGN §5 "Policy objects through the API"): `escalate` on
+        # roles lets a user write rules it does not hold, `bind` on a role lets it bind
+        # that role without holding its rules. No request has them; the write guard
+        # (`sidecar/policy/escalation.py`) asks for them.
+        "escalate",
+        "bind",
         "*",
     }
 )
@@ -280,6 +286,18 @@ def parse_rbac(docs: Sequence[Document]) -> tuple[RbacPolicy, list[Problem]]:
     return RbacPolicy(roles, tuple(bindings)), problems
 
 
+def parse_role(doc: Document, problems: list[Problem]) -> RoleDef | None:
+    """One role document (ClusterRole, TenantRole or Role); problems are appended."""
+    return _parse_role(doc, problems)
+
+
+def parse_binding(
+    doc: Document, roles: Mapping[str, RoleDef], problems: list[Problem]
+) -> BindingDef | None:
+    """One binding document, its roleRef resolved in `roles`; problems are appended."""
+    return _parse_binding(doc, roles, problems)
+
+
 def _identity_key(doc: Document) -> tuple[str, str] | None:
     meta = doc.body.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
@@ -514,7 +532,7 @@ def _checked_rule(
 
 
 def _parse_binding(
-    doc: Document, roles: dict[str, RoleDef], problems: list[Problem]
+    doc: Document, roles: Mapping[str, RoleDef], problems: list[Problem]
 ) -> BindingDef | None:
     c = _Checker(doc, problems)
     body = doc.body
@@ -529,7 +547,7 @@ def _parse_binding(
 
 
 def _role_ref(
-    c: _Checker, meta: tuple[str, str, str] | None, roles: dict[str, RoleDef]
+    c: _Checker, meta: tuple[str, str, str] | None, roles: Mapping[str, RoleDef]
 ) -> RoleDef | None:
     body = c.doc.body
     ref = body.get("roleRef")

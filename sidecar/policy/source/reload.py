@@ -227,26 +227,42 @@ class Reloader:
                 store.current.revision,
             )
             return False
-        if bundle.revision == store.current.revision:
+        if bundle.revision == store.files.revision:
             store.last_error = []
             store.refused_at = None
             self.metrics.policy_reloaded("unchanged")
             return False
         retired = store.current
+        retired_files = store.files
         old = retired.revision
         store.apply(bundle, problems)
         self._retire(retired)
-        del retired
+        if retired_files is not retired:  # joined with the API objects: retire both
+            self._retire(retired_files)
+        del retired, retired_files
         self.swaps += 1
         self.metrics.policy_reloaded("success")
+        log.info("policy reloaded: revision %s -> %s", old, store.current.revision)
+        self._installed(store.current)
+        return True
+
+    def swap_in(self, bundle: PolicyBundle) -> None:
+        """Put in force a bundle joined elsewhere (the API policy objects changed,
+        `sidecar/services/apipolicy.py`): as a reload's swap, without reading files."""
+        retired = self.store.current
+        self.store.current = bundle
+        if retired is not bundle:
+            self._retire(retired)
+        del retired
+        self._installed(bundle)
+
+    def _installed(self, bundle: PolicyBundle) -> None:
         self.publish()
-        log.info("policy reloaded: revision %s -> %s", old, bundle.revision)
         for callback in self.on_swap:
             try:
                 callback(bundle)
             except Exception:  # the swap stands whatever a listener does
                 log.exception("a policy swap listener failed")
-        return True
 
     def _retire(self, bundle: PolicyBundle) -> None:
         """Free a replaced bundle from the reload thread, a piece at a time, once no

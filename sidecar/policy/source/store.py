@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sidecar.policy.source.bundle import PolicyBundle, load_bundle
@@ -31,6 +31,10 @@ class PolicyStore:
         if problems:
             raise PolicyLoadError(problems)
         self.current: PolicyBundle = bundle
+        # The files' bundle alone; `current` is it joined with the API policy objects
+        # (`layer`, set by the API policy follower: DESIGN §5, `source/api.py`).
+        self.files: PolicyBundle = bundle
+        self.layer: Callable[[PolicyBundle], PolicyBundle] | None = None
         self.last_error: list[Problem] = []
         # When the bundle in force was loaded, and the last refused change (if any).
         self.loaded_at = time.time()
@@ -56,7 +60,8 @@ class PolicyStore:
             return False
         self.last_error = []
         self.refused_at = None
-        self.current = bundle
+        self.files = bundle
+        self.current = self.layer(bundle) if self.layer is not None else bundle
         self.loaded_at = time.time()
         return True
 
