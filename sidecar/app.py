@@ -59,6 +59,7 @@ from sidecar.pipeline.metrics import MetricsStage
 from sidecar.pipeline.parse import ParseStage
 from sidecar.pipeline.quota import QuotaStage, ledger_ready
 from sidecar.pipeline.ratelimit import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.pipeline.rbacguard import RbacGuardStage
 from sidecar.pipeline.transcode import TranscodeStage
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
@@ -185,6 +186,8 @@ def build_app(config: Config) -> web.Application:
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
         AuthorizeStage(authorizer, metrics, ReviewApi(metrics, config.mode)),
+        # Writes of policy objects: validated and checked for escalation (DESIGN §5).
+        RbacGuardStage(upstream.dry_run),
         quota,
     ]
 

@@ -75,6 +75,7 @@ BINDING_KINDS = frozenset({ROLE_BINDING, TENANT_ROLE_BINDING})
 # The metadata the validator reads; the rest (uid, resourceVersion, …) is the store's.
 _KEPT_METADATA = ("name", "labels", "annotations")
 
+_COMPUTE = frozenset({"requests.cpu", "requests.memory"})
 ObjectKey = tuple[str, str, str, str]  # (kind, tenant, namespace, name)
 Cause = tuple[str, str]  # (field path, message)
 
@@ -276,6 +277,8 @@ def _check_quota(obj: Mapping[str, Any]) -> Checked:
     limits: dict[str, int] = {}
     problems: list[Cause] = []
     for res, value in hard.items():
+        if isinstance(value, str) and value.isdigit() and res not in _COMPUTE:
+            value = int(value)  # Kubernetes writes every quantity as a string
         error = limit_error(str(res), value)
         if error:
             problems.append((f"spec.hard.{res}", error))
