@@ -133,6 +133,8 @@ async def running_sidecar(
         "ledger": f"sqlite:///{tmp / 'ledger.db'}",
         "audit.path": str(tmp / "audit.log"),
         "reload.enabled": False,
+        # The recording upstream is not a store: no policy objects to follow (DESIGN §5).
+        "apiPolicy.enabled": False,
     }
     base.update(overrides or {})
     config = load_config(None, env={}, overrides=base)

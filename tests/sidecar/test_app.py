@@ -50,17 +50,31 @@ async def test_readiness_checks_are_the_registered_ones(
     assert set(body["checks"]) == {
         "policy",
         "upstream",
+        "apiPolicy",
         "ledger",
         "ratelimit",
         "audit",
         "credentials",
     }
-    assert {n for n, c in body["checks"].items() if c["required"]} == {"policy", "upstream"}
+    assert {n for n, c in body["checks"].items() if c["required"]} == {
+        "policy",
+        "upstream",
+        "apiPolicy",
+    }
     # The upstream is down: a required check fails, so the sidecar cannot serve.
     assert response.status == 503
-    assert body["degraded"] == ["upstream"]
+    # The policy objects stored through the API cannot be loaded from it either.
+    assert sorted(body["degraded"]) == ["apiPolicy", "upstream"]
     names = [c.name for c in client.app[READINESS_KEY].checks]
-    assert names == ["policy", "upstream", "ledger", "ratelimit", "audit", "credentials"]
+    assert names == [
+        "policy",
+        "upstream",
+        "apiPolicy",
+        "ledger",
+        "ratelimit",
+        "audit",
+        "credentials",
+    ]
 
 
 async def test_a_check_registered_twice_is_refused(

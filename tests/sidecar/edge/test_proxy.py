@@ -144,6 +144,7 @@ async def upstream() -> AsyncIterator[tuple[Upstream, TestServer]]:
 async def start_inprocess(tmp: Path, upstream_url: str, **extra: Any) -> TestServer:
     config = load_config(None, env={}, overrides={})
     raw = sidecar_config(tmp, upstream_url, **extra)
+    raw.setdefault("apiPolicy", {"enabled": False})  # the fake upstream holds no policy objects
     path = processes.write_config(tmp, raw)
     config = load_config(path, env={})
     server = TestServer(build_app(config), host="127.0.0.1")
