@@ -76,6 +76,7 @@ BINDING_KINDS = frozenset({ROLE_BINDING, TENANT_ROLE_BINDING})
 _KEPT_METADATA = ("name", "labels", "annotations")
 
 _COMPUTE = frozenset({"requests.cpu", "requests.memory"})
+_ALIASES = {"cpu": "requests.cpu", "memory": "requests.memory"}
 ObjectKey = tuple[str, str, str, str]  # (kind, tenant, namespace, name)
 Cause = tuple[str, str]  # (field path, message)
 
@@ -276,14 +277,17 @@ def _check_quota(obj: Mapping[str, Any]) -> Checked:
         )
     limits: dict[str, int] = {}
     problems: list[Cause] = []
-    for res, value in hard.items():
+    for field_name, value in hard.items():
+        # Kubernetes' `cpu` and `memory` in a quota are `requests.cpu`/`requests.memory`.
+        res = _ALIASES.get(str(field_name), str(field_name))
         if isinstance(value, str) and value.isdigit() and res not in _COMPUTE:
             value = int(value)  # Kubernetes writes every quantity as a string
-        error = limit_error(str(res), value)
+        error = limit_error(res, value)
         if error:
-            problems.append((f"spec.hard.{res}", error))
+            problems.append((f"spec.hard.{field_name}", error))
             continue
-        limits[str(res)] = exact_units(str(res), value)
+        units = exact_units(res, value)
+        limits[res] = min(units, limits.get(res, units))
     if problems:
         return Checked(QUOTA_KIND, problems=tuple(problems))
     return Checked(QUOTA_KIND, limits=limits)
