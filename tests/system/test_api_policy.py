@@ -9,6 +9,7 @@ namespace ResourceQuota lowers the limit, never raises it, exactly across sideca
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 
 import aiohttp
@@ -66,7 +67,7 @@ async def test_a_tenant_admins_grant_is_in_force_on_every_sidecar_and_delete_rev
     assert status == 201
     for via in (0, 1):  # sidecar 1 never saw the write
         await eventually(
-            lambda via=via: _is(env, "amy", cms, 200, via), IN_FORCE_WITHIN, f"grant on {via}"
+            functools.partial(_is, env, "amy", cms, 200, via), IN_FORCE_WITHIN, f"grant on {via}"
         )
     assert await status_of(env, "amy", other_ns) == 403  # another namespace: unaffected
     assert await status_of(env, "ben", cms) == 403  # another user: unaffected
@@ -105,7 +106,7 @@ async def test_a_tenant_admins_grant_is_in_force_on_every_sidecar_and_delete_rev
         watch.release()
     for via in (0, 1):
         await eventually(
-            lambda via=via: _is(env, "amy", cms, 403, via), IN_FORCE_WITHIN, f"revoke on {via}"
+            functools.partial(_is, env, "amy", cms, 403, via), IN_FORCE_WITHIN, f"revoke on {via}"
         )
 
 
@@ -297,7 +298,7 @@ async def test_a_namespace_resource_quota_lowers_and_never_raises(env: ApiPolicy
         return any(q["resource"] == "servers" and q["hard_limit"] == 3 for q in shown["quotas"])
 
     for via in (0, 1):
-        await eventually(lambda via=via: limit_seen(via), IN_FORCE_WITHIN, f"quota on {via}")
+        await eventually(functools.partial(limit_seen, via), IN_FORCE_WITHIN, f"quota on {via}")
     # Concurrent creates through both sidecars: exactly 3 succeed.
     results = await asyncio.gather(
         *(
