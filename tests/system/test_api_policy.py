@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -338,3 +339,49 @@ async def test_a_namespace_resource_quota_lowers_and_never_raises(env: ApiPolicy
 async def _created(env: ApiPolicyEnv, path: str, name: str, want: int) -> bool:
     status, _ = await env.call("bert", "POST", path, {"metadata": {"name": name}, "spec": {}})
     return status == want
+
+
+async def test_a_store_that_cannot_be_read_keeps_the_last_loaded_set(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    one = start(tmp_path, procs, sidecars=1)
+    await seed(one)
+    assert (await one.call("alice", "POST", ns_path("acme", "dev", "roles"), role("r", CM_READER)))[
+        0
+    ] == 201
+    status, _ = await one.call(
+        "alice", "POST", ns_path("acme", "dev", "rolebindings"), binding("b", "Role", "r", "amy")
+    )
+    assert status == 201
+    review = {
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "spec": {
+            "resourceAttributes": {"namespace": "dev", "verb": "list", "resource": "configmaps"}
+        },
+    }
+
+    async def allowed() -> bool:
+        status, answer = await one.call(
+            "amy", "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review
+        )
+        assert status == 201, answer
+        return bool(answer["status"]["allowed"])
+
+    await eventually(allowed, IN_FORCE_WITHIN, "the grant")
+    port = one.store.port
+    one.store.stop()
+
+    async def says_unreadable() -> bool:
+        detail = (await one.ready())["checks"]["apiPolicy"]["detail"]
+        return "cannot be read" in detail and "last loaded set stays in force" in detail
+
+    await eventually(says_unreadable, 10, "/readyz names the unreadable store")
+    assert await allowed()  # the last loaded set stays in force
+    one.store = procs.store(db=tmp_path / "store.db", port=port)
+
+    async def recovered() -> bool:
+        return "cannot be read" not in (await one.ready())["checks"]["apiPolicy"]["detail"]
+
+    await eventually(recovered, 10, "following the store again")
+    assert await allowed()

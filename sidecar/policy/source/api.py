@@ -145,7 +145,8 @@ def to_document(
     kept["tenant"] = tenant
     if kind in NAMESPACED:
         kept["namespace"] = namespace
-    body = {k: v for k, v in obj.items() if k != "metadata"}
+    # `status` is the store's (its status subresource), never part of a policy object.
+    body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
     body["kind"] = kind
     body["metadata"] = kept
     if kind in ROLE_KINDS and body.get("rules") is None:
