@@ -26,7 +26,7 @@ from sidecar.core.target import TargetError
 from sidecar.policy.kinds.modes import ENFORCE, MODES, describe, forwards, mode_for, mode_source
 from sidecar.policy.source.bundle import PolicyBundle, load_bundle
 from sidecar.policy.source.files import Problem
-from sidecar.policy.tools import diff, explain, whocan
+from sidecar.policy.tools import apisource, diff, explain, whocan
 from sidecar.policy.tools.checks import cross_document_problems, lint, mode_warnings, warnings
 from sidecar.policy.tools.explain import case_verdict
 from sidecar.policy.tools.testing import PolicyCase, parse_tests, run_tests
@@ -65,6 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain.add_commands(sub)
     diff.add_command(sub)
     whocan.add_commands(sub)
+    apisource.add_dump_command(sub)
 
 
 def validate(dirs: Sequence[str]) -> tuple[PolicyBundle, list[Problem], list[PolicyCase]]:

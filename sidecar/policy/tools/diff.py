@@ -50,6 +50,7 @@ from sidecar.policy.rbac import NON_RESOURCE_VERBS, RESOURCE_VERBS, Rule, owner_
 from sidecar.policy.scopes import is_cluster_scoped
 from sidecar.policy.source.bundle import PolicyBundle, build_bundle
 from sidecar.policy.source.files import LoadResult, Problem, load_documents
+from sidecar.policy.tools.apisource import ApiSourceError, add_api_options, api_layer, with_api
 
 _RES_VERBS = tuple(sorted(RESOURCE_VERBS - {"*"}))
 _URL_VERBS = tuple(sorted(NON_RESOURCE_VERBS - {"*"}))
@@ -637,13 +638,16 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON object")
     fmt.add_argument("--markdown", action="store_true", help="a pull-request comment")
+    add_api_options(p)  # the API objects, joined with both trees
     p.set_defaults(func=_diff_cmd)
 
 
 def _diff_cmd(args: argparse.Namespace) -> int:
     try:
         old, new = load_source(args.old), load_source(args.new)
-    except SourceError as exc:
+        layer = api_layer(args)
+        old, new = with_api(old, layer), with_api(new, layer)
+    except (SourceError, ApiSourceError) as exc:
         print(f"sidecar policy diff: {exc}", file=sys.stderr)
         return 2
     d = diff_bundles(old, new)

@@ -39,6 +39,7 @@ from sidecar.policy.kinds.modes import ENFORCE, MODES, describe, forwards, mode_
 from sidecar.policy.owner import JSON_PATCH, MERGE_PATCH, PatchKind, patch_kind
 from sidecar.policy.rbac import Rule
 from sidecar.policy.source.bundle import PolicyBundle, load_bundle
+from sidecar.policy.tools.apisource import ApiSourceError, add_api_options, api_layer, with_api
 
 OUTCOMES = frozenset(_OUTCOMES)
 
@@ -245,6 +246,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ex.add_argument("method")
     ex.add_argument("path")
     ex.add_argument("dirs", nargs="*", default=["policies"])
+    add_api_options(ex)
     ex.set_defaults(func=_explain_cmd)
     comp = sub.add_parser("compile", help="print the compiled Casbin model and policy")
     comp.add_argument("dirs", nargs="+")
@@ -262,6 +264,11 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     bundle, problems = load_bundle(args.dirs)
     for p in problems:
         print(p, file=sys.stderr)
+    try:  # and the policy objects stored through the API (--api, --api-dump)
+        bundle = with_api(bundle, api_layer(args))
+    except ApiSourceError as exc:
+        print(f"sidecar policy explain: {exc}", file=sys.stderr)
+        return 2
     identity = Identity(args.user, args.tenant, tuple(args.groups), "cli")
     try:
         result = explain(bundle, identity, args.method, args.path, obj, global_mode=args.mode)

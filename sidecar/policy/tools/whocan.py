@@ -35,6 +35,13 @@ from sidecar.policy.kinds.modes import ENFORCE, MODES, mode_for, mode_source, su
 from sidecar.policy.rbac import AUTHENTICATED_GROUP, OWNER_ITEM_VERBS, RESOURCE_VERBS
 from sidecar.policy.scopes import CLUSTER_SCOPED, TENANT_SCOPED, is_cluster_scoped
 from sidecar.policy.source.bundle import PolicyBundle, load_bundle
+from sidecar.policy.tools.apisource import (
+    VALUED_API_OPTIONS,
+    ApiSourceError,
+    add_api_options,
+    api_layer,
+    with_api,
+)
 from sidecar.policy.tools.rules import rules_in_force
 
 # A user name no subject may have (a User subject named `*` is a validation error), so
@@ -204,7 +211,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     w.add_argument("--json", action="store_true")
     w.add_argument("dir", nargs="?", default="policies", metavar="DIR")
     w.set_defaults(func=_who_can_cmd)
-    _options_first(w, {"--tenant", "--namespace", "--name"})
+    add_api_options(w)
+    _options_first(w, {"--tenant", "--namespace", "--name", *VALUED_API_OPTIONS})
     c = sub.add_parser("can-i", help="the rules in force for an identity (--list)")
     c.add_argument("--list", action="store_true", required=True)
     c.add_argument("--user", required=True)
@@ -220,7 +228,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     c.add_argument("dir", nargs="?", default="policies", metavar="DIR")
     c.set_defaults(func=_can_i_cmd)
-    _options_first(c, {"--user", "--tenant", "--group", "--namespace", "--mode"})
+    add_api_options(c)
+    _options_first(
+        c, {"--user", "--tenant", "--group", "--namespace", "--mode", *VALUED_API_OPTIONS}
+    )
 
 
 def _options_first(parser: argparse.ArgumentParser, valued: set[str]) -> None:
@@ -247,7 +258,7 @@ def _options_first(parser: argparse.ArgumentParser, valued: set[str]) -> None:
     setattr(parser, "parse_known_args", parse)  # noqa: B010
 
 
-def _load(path: str, command: str) -> PolicyBundle | None:
+def _load(path: str, command: str, args: argparse.Namespace | None = None) -> PolicyBundle | None:
     bundle, problems = load_bundle([path])
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -256,11 +267,17 @@ def _load(path: str, command: str) -> PolicyBundle | None:
             file=sys.stderr,
         )
         return None
-    return bundle
+    if args is None:
+        return bundle
+    try:  # and the policy objects stored through the API (--api, --api-dump)
+        return with_api(bundle, api_layer(args))
+    except ApiSourceError as exc:
+        print(f"sidecar policy {command}: {exc}", file=sys.stderr)
+        return None
 
 
 def _who_can_cmd(args: argparse.Namespace) -> int:
-    bundle = _load(args.dir, "who-can")
+    bundle = _load(args.dir, "who-can", args)
     if bundle is None:
         return 2
     try:
@@ -283,7 +300,7 @@ def _who_can_cmd(args: argparse.Namespace) -> int:
 
 
 def _can_i_cmd(args: argparse.Namespace) -> int:
-    bundle = _load(args.dir, "can-i")
+    bundle = _load(args.dir, "can-i", args)
     if bundle is None:
         return 2
     for label, value in (("tenant", args.tenant), ("namespace", args.namespace)):
