@@ -459,6 +459,8 @@ def policy_bench(out: Path, timeout: float, reload_pause: bool) -> tuple[str, di
     figures: dict[str, Any] = {}
     texts: list[str] = []
     runs: list[tuple[str, str, list[str]]] = [("decisions", "bench_policy.py", [])]
+    # Policy objects through the API: 10,000 bindings over 1,000 tenants (DESIGN §5).
+    runs.append(("api-policy", "bench_api_policy.py", []))
     if reload_pause:
         runs.append(("reload", "reload_pause.py", ["--lines", "100000"]))
     for key, name, extra in runs:

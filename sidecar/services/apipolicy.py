@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -385,9 +386,7 @@ class ApiPolicyFollower:
                 layer = ApiLayer(units, f"{digest:016x}"[:12] if count else "", count)
                 while True:
                     files = self.store.files
-                    bundle, notes = await loop.run_in_executor(
-                        self._executor, compose_bundle, files, layer
-                    )
+                    bundle, notes = await loop.run_in_executor(self._executor, _join, files, layer)
                     if self.store.files is files:
                         break  # else a file reload came in between: join again
             except asyncio.CancelledError:
@@ -417,6 +416,15 @@ class ApiPolicyFollower:
         if now - self._last_log.get(key, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
             self._last_log[key] = now
             log.warning(message, key, *args)
+
+
+def _join(files: PolicyBundle, layer: ApiLayer) -> tuple[PolicyBundle, list[str]]:
+    """`compose_bundle`, then the new objects frozen out of the collector's scans (as a
+    file reload does, `sidecar/policy/source/reload.py`): a joined policy holds no
+    reference cycles, so a retired one is still freed by reference counting."""
+    joined = compose_bundle(files, layer)
+    gc.freeze()
+    return joined
 
 
 def _compile(snapshot: Mapping[str, list[StoredObject]]) -> dict[str, TenantUnit | None]:
