@@ -19,8 +19,11 @@ refusal from the upstream.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import yaml
 from aiohttp import web
 
 from sidecar.core.status import StatusError
@@ -101,4 +104,49 @@ class RbacGuardStage:
                 "Forbidden",
                 details={"name": name, "group": target.api_group, "kind": target.resource},
             )
+        if target.verb == "patch":
+            pin_patch(ctx, answer.object)
         return await call_next(ctx)
+
+
+def pin_patch(ctx: RequestContext, judged: dict[str, Any]) -> None:
+    """Make a patch apply to the version it was judged on, or fail with 409.
+
+    A patch's result depends on the object it lands on: judged on the dry run's object,
+    it could land on one changed in between (another writer adding a rule) and make
+    what was never judged. So the forwarded patch states the judged version as its
+    precondition, as a client would (`test` op of a JSON patch, `metadata.
+    resourceVersion` in a merge, strategic or apply patch); the store refuses it
+    (409 Conflict, the client retries) when the object changed."""
+    meta = judged.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    if not isinstance(rv, str) or not rv:
+        return  # an apply that creates: nothing to pin
+    request = ctx.request
+    if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        raise StatusError(415, "a patch of a policy object may not have a Content-Encoding")
+    ctype = request.content_type
+    raw = ctx.body or b""
+    try:
+        if ctype == "application/apply-patch+yaml":
+            body: Any = yaml.safe_load(raw.decode("utf-8")) if raw else None
+        else:
+            body = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError):
+        raise StatusError(400, "the patch body cannot be read") from None
+    if ctype == "application/json-patch+json":
+        if not isinstance(body, list):
+            raise StatusError(400, "a JSON patch must be a list of operations")
+        test = {"op": "test", "path": "/metadata/resourceVersion", "value": rv}
+        pinned: Any = [test, *body]
+    else:
+        if not isinstance(body, dict):
+            raise StatusError(400, "the patch body must be a JSON object")
+        body_meta = body.get("metadata")
+        if body_meta is None:
+            body_meta = {}
+        if not isinstance(body_meta, dict):
+            raise StatusError(400, "metadata must be a JSON object")
+        pinned = {**body, "metadata": {**body_meta, "resourceVersion": rv}}
+    ctx.body = json.dumps(pinned).encode()
+    ctx.parsed_body = pinned
