@@ -36,8 +36,11 @@ def may(
     tenant: str,
     namespace: str,
     name: str,
+    *,
+    cluster_wide: bool = False,
 ) -> bool:
-    """Whether the policy grants `verb` on an RBAC object (`escalate`, `bind`)."""
+    """Whether the policy grants `verb` on an RBAC object (`escalate`, `bind`);
+    `cluster_wide`: through a ClusterRoleBinding."""
     target = RequestTarget(
         path="",
         verb=verb,
@@ -50,7 +53,8 @@ def may(
         resource=resource,
         name=name,
     )
-    return engine.match(identity, target).unconditional is not None
+    domains = ("*",) if cluster_wide else None
+    return engine.match(identity, target, domains=domains).unconditional is not None
 
 
 def _covers_resource(held: ResourceRule, verb: str, group: str, resource: str, name: str) -> bool:
@@ -78,8 +82,11 @@ def _covers_url(held: NonResourceRule, verb: str, url: str) -> bool:
     return False
 
 
-def covered(held: RulesInForce, rule: Rule) -> bool | None:
-    """Whether the rules held cover `rule`; None when it has too many combinations."""
+def covered(
+    held: RulesInForce, rule: Rule, cluster_wide: Sequence[ResourceRule] = ()
+) -> bool | None:
+    """Whether the rules held cover `rule`; None when it has too many combinations.
+    `cluster_wide`: the unconditional rules held through ClusterRoleBindings."""
     verbs = sorted(set(rule.verbs))
     if rule.non_resource_urls:
         urls = sorted(set(rule.non_resource_urls))
@@ -93,9 +100,14 @@ def covered(held: RulesInForce, rule: Rule) -> bool | None:
     names = sorted(set(rule.resource_names)) or [""]
     if len(verbs) * len(groups) * len(resources) * len(names) > MAX_COMBINATIONS:
         return None
-    candidates: list[ResourceRule] = list(held.resource_rules)
-    if rule.owner:  # an owner rule is covered by the same owner rule too
-        candidates += [h for h in held.owner_rules if h.owner_field == rule.owner_field]
+    if rule.owner:
+        # An owner rule reaches cluster-scoped objects owned by the tenant (nodes, …),
+        # which a tenant's own unconditional rules never reach: only the same owner
+        # rule, or an unconditional rule in force cluster-wide, covers it.
+        candidates = [h for h in held.owner_rules if h.owner_field == rule.owner_field]
+        candidates += cluster_wide
+    else:
+        candidates = list(held.resource_rules)
     return all(
         any(_covers_resource(h, v, g, r, n) for h in candidates)
         for v in verbs
@@ -105,8 +117,23 @@ def covered(held: RulesInForce, rule: Rule) -> bool | None:
     )
 
 
-def missing_rules(held: RulesInForce, rules: Iterable[Rule]) -> list[Rule]:
-    return [rule for rule in rules if not covered(held, rule)]
+def missing_rules(
+    held: RulesInForce, rules: Iterable[Rule], cluster_wide: Sequence[ResourceRule] = ()
+) -> list[Rule]:
+    return [rule for rule in rules if not covered(held, rule, cluster_wide)]
+
+
+def cluster_wide_rules(engine: PolicyEngine, identity: Identity) -> list[ResourceRule]:
+    """The unconditional resource rules bound to `identity` by ClusterRoleBindings."""
+    out: list[ResourceRule] = []
+    for role_key, _, _ in engine.bound_roles(identity, ["*"]):
+        role = engine.policy.roles.get(role_key)
+        for rule in role.rules if role is not None else ():
+            if rule.resources and not rule.owner:
+                out.append(
+                    ResourceRule(rule.verbs, rule.api_groups, rule.resources, rule.resource_names)
+                )
+    return out
 
 
 def _refusal(what: str, missing: Sequence[Rule], needs: str) -> str:
@@ -117,19 +144,44 @@ def _refusal(what: str, missing: Sequence[Rule], needs: str) -> str:
     )
 
 
+def _lifted(
+    engine: PolicyEngine,
+    identity: Identity,
+    verb: str,
+    resource: str,
+    tenant: str,
+    namespace: str,
+    name: str,
+    rules: Sequence[Rule],
+) -> Sequence[Rule]:
+    """The rules still to be held after `escalate`/`bind`: none when the verb is granted
+    cluster-wide; the owner rules when it is granted only in the tenant (an owner rule
+    reaches cluster-scoped objects the tenant owns, which no tenant grant reaches, so a
+    tenant's `escalate`/`bind` never writes one it does not hold); all without it."""
+    if not may(engine, identity, verb, resource, tenant, namespace, name):
+        return rules
+    if may(engine, identity, verb, resource, tenant, namespace, name, cluster_wide=True):
+        return ()
+    return [rule for rule in rules if rule.owner]
+
+
 def role_write_refusal(engine: PolicyEngine, identity: Identity, role: RoleDef) -> str | None:
     """Why `identity` may not write this Role/TenantRole (None: it may)."""
     resource = RESOURCE_OF_ROLE_KIND[role.kind]
-    if may(engine, identity, "escalate", resource, role.tenant, role.namespace, role.name):
+    rules = _lifted(
+        engine, identity, "escalate", resource, role.tenant, role.namespace, role.name, role.rules
+    )
+    if not rules:
         return None
     held = rules_in_force(engine, identity, role.tenant, role.namespace)
-    missing = missing_rules(held, role.rules)
+    missing = missing_rules(held, rules, cluster_wide_rules(engine, identity))
     if not missing:
         return None
     return _refusal(
         f"{role.kind} {role.name!r}",
         missing,
-        f'creating or updating it needs verb "escalate" on {resource}',
+        f'creating or updating it needs verb "escalate" on {resource}'
+        + (" (cluster-wide, for an owner rule)" if missing[0].owner else ""),
     )
 
 
@@ -139,20 +191,25 @@ def binding_write_refusal(
     """Why `identity` may not write this binding (None: it may)."""
     ref = binding.role
     resource = RESOURCE_OF_ROLE_KIND[ref.kind]
-    if may(engine, identity, "bind", resource, binding.tenant, binding.namespace, ref.name):
-        return None
     role = engine.policy.roles.get(binding.role_ref)
+    bind = (binding.tenant, binding.namespace, ref.name)
     if role is None:
+        if may(engine, identity, "bind", resource, *bind):
+            return None
         return (
             f"roleRef: {ref.kind} {ref.name!r} does not exist; binding a role that does "
             f'not exist needs verb "bind" on {resource}'
         )
+    rules = _lifted(engine, identity, "bind", resource, *bind, role.rules)
+    if not rules:
+        return None
     held = rules_in_force(engine, identity, binding.tenant, binding.namespace)
-    missing = missing_rules(held, role.rules)
+    missing = missing_rules(held, rules, cluster_wide_rules(engine, identity))
     if not missing:
         return None
     return _refusal(
         f"{binding.kind} {binding.name!r} to {ref.kind} {ref.name!r}",
         missing,
-        f'binding it needs those rules in the binding\'s scope or verb "bind" on {resource}',
+        f'binding it needs those rules in the binding\'s scope or verb "bind" on {resource}'
+        + (" (cluster-wide, for an owner rule)" if missing[0].owner else ""),
     )
