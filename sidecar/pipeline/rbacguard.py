@@ -34,6 +34,17 @@ from sidecar.policy.source.api import Cause, check_object, kind_of
 from sidecar.upstream.client import DryRunAnswer
 
 WRITE_VERBS = frozenset({"create", "update", "patch"})
+# Cluster-wide RBAC comes from the policy files only (docs/policy.md).
+NOT_FOLLOWED = frozenset(
+    {
+        ("rbac.authorization.k8s.io", "clusterroles"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+    }
+)
+NOT_FOLLOWED_WARNING = (
+    '299 - "ClusterRoles and ClusterRoleBindings written through the API are stored but '
+    'not in force: cluster-wide grants come from the policy files"'
+)
 
 DryRun = Callable[[RequestContext], Awaitable[DryRunAnswer]]
 
@@ -76,6 +87,9 @@ class RbacGuardStage:
             return await call_next(ctx)
         kind = kind_of(target.api_group, target.resource)
         if kind is None:
+            if (target.api_group, target.resource) in NOT_FOLLOWED:
+                # Stored, never in force: say so rather than succeed silently.
+                ctx.response_headers["Warning"] = NOT_FOLLOWED_WARNING
             return await call_next(ctx)
         decided = ctx.decision.target if ctx.decision is not None else None
         decided = decided or target

@@ -226,7 +226,7 @@ async def test_a_tenant_role_binding_to_cluster_admin_stays_inside_its_tenant(
         "alice",
         "POST",
         f"{RBAC}/tenants/acme/tenantrolebindings",
-        binding("amy-ca", "ClusterRole", "tenant-admin", "amy"),
+        binding("amy-ca", "ClusterRole", "cluster-admin", "amy"),
     )
     assert status == 201
     secrets = "/api/v1/tenants/acme/namespaces/prod/secrets"
@@ -235,6 +235,7 @@ async def test_a_tenant_role_binding_to_cluster_admin_stays_inside_its_tenant(
     assert await status_of(env, "amy", "/api/v1/nodes") == 404
     assert await status_of(env, "amy", "/api/v1/tenants") == 404
     assert await status_of(env, "amy", "/quota/v1/quotas") == 403
+    assert await status_of(env, "amy", "/metrics") == 403  # its non-resource URLs: no
     # Even the referenced role's rules do not reach the quota API: amy cannot raise it.
     status, _ = await env.call(
         "amy", "PUT", "/quota/v1/tenants/acme/servers", {"hard_limit": 100000}

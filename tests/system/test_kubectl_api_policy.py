@@ -131,3 +131,13 @@ def test_kubectl_quota_is_enforced(kubectl: Kubectl) -> None:
     result = kubectl.run("alice", "-n", ns, "create", "quota", "bad", "--hard=widgets=3")
     assert result.returncode != 0
     assert "spec.hard.widgets" in result.stderr
+
+
+def test_kubectl_warns_that_cluster_roles_written_through_the_api_are_not_in_force(
+    kubectl: Kubectl,
+) -> None:
+    result = kubectl.run(
+        "admin", "create", "clusterrole", "cr-api", "--verb=get", "--resource=pods"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not in force" in result.stderr
