@@ -141,6 +141,7 @@ def build_app(config: Config) -> web.Application:
             reloader.swap_in,
             connect_timeout=config.limits.upstream_connect_timeout,
             retry_seconds=config.api_policy.retry_seconds,
+            start_wait_seconds=config.api_policy.start_wait_seconds,
         )
         if config.api_policy.enabled
         else None

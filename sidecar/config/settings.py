@@ -175,6 +175,8 @@ class ApiPolicyConfig:
     enabled: bool = True
     # Pause before listing again after the store could not be read.
     retry_seconds: float = 1.0
+    # At start, wait this long for the objects before serving (/readyz waits anyway).
+    start_wait_seconds: float = 3.0
 
 
 @dataclass(frozen=True)

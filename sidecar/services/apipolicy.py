@@ -90,6 +90,7 @@ class ApiPolicyFollower:
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
         retry_seconds: float = 1.0,
+        start_wait_seconds: float = 3.0,
     ) -> None:
         self.upstream = upstream
         self.store = store
@@ -97,6 +98,7 @@ class ApiPolicyFollower:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.retry_seconds = retry_seconds
+        self.start_wait_seconds = start_wait_seconds
         self.objects: dict[ObjectKey, StoredObject] = {}
         self.by_tenant: dict[str, dict[ObjectKey, StoredObject]] = {}
         self.layer = ApiLayer()
@@ -137,6 +139,10 @@ class ApiPolicyFollower:
                     self._follow(kind, _path(group, resource)), name=f"follow-{kind}"
                 )
             )
+        # Start serving with the objects in force when the store answers at once; a
+        # store that does not keeps /readyz not ready until they are loaded.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ready_event.wait(), self.start_wait_seconds)
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -198,31 +204,43 @@ class ApiPolicyFollower:
             await asyncio.sleep(wait)
 
     async def _list_and_watch(self, kind: str, path: str) -> float:
+        """List (in force at once), open the watch, list again once the store has
+        registered it (so no change falls between the list and the watch), then apply
+        the watch's newer events until it ends."""
         session = self._session
         assert session is not None
         url = self._base + path
+        items, _ = await self._list(session, url)
+        if items is None:
+            self._not_served(kind)
+            return NOT_SERVED_RETRY_SECONDS
+        self._loaded(kind, items)
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.connect_timeout, sock_read=None
         )
-        async with session.get(
-            url, params={"watch": "1"}, headers=SYSTEM_HEADERS, timeout=timeout
-        ) as watch:
-            if watch.status == 404:
-                self._not_served(kind)
-                return NOT_SERVED_RETRY_SECONDS
+        try:
+            watch = await asyncio.wait_for(
+                session.get(url, params={"watch": "1"}, headers=SYSTEM_HEADERS, timeout=timeout),
+                self.read_timeout,
+            )
+        except TimeoutError:
+            raise Unreadable("the watch was not answered in time") from None
+        async with watch:
             if watch.status != 200:
                 raise Unreadable(f"the watch answered {watch.status}")
             items, list_rv = await self._list(session, url)
             if items is None:
-                self._not_served(kind)
-                return NOT_SERVED_RETRY_SECONDS
-            self.not_served.discard(kind)
-            self._replace(kind, items)
-            self.loaded.add(kind)
-            self.failing.pop(kind, None)
-            self._check_ready()
+                raise Unreadable("the list is gone")
+            self._loaded(kind, items)
             await self._consume(kind, watch, list_rv)
         raise Unreadable("the watch ended")
+
+    def _loaded(self, kind: str, items: list[Any]) -> None:
+        self.not_served.discard(kind)
+        self._replace(kind, items)
+        self.loaded.add(kind)
+        self.failing.pop(kind, None)
+        self._check_ready()
 
     async def _list(self, session: aiohttp.ClientSession, url: str) -> tuple[Any, int]:
         timeout = aiohttp.ClientTimeout(total=self.read_timeout, sock_connect=self.connect_timeout)

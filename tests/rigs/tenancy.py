@@ -133,6 +133,8 @@ async def running(
     tokens = processes.write_tokens(tmp, TOKENS)
     settings: dict[str, Any] = {
         "upstream": recorder.url,
+        # The recorder relays no watch: no policy objects to follow (DESIGN §5).
+        "apiPolicy": {"enabled": False},
         "policies": str(policies),
         "identity": {"tokenFile": str(tokens)},
         "reload": {"enabled": False},
