@@ -88,6 +88,19 @@ async def test_a_tenant_admins_grant_is_in_force_on_every_sidecar_and_delete_rev
     assert status == 201
     assert review["status"]["allowed"] is True
     assert "rolebinding acme/dev/amy-reads" in review["status"]["reason"]
+    # `kubectl auth can-i --list` (a rules review) lists the API grant.
+    status, rules = await env.call(
+        "amy",
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+        {
+            "kind": "SelfSubjectRulesReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "spec": {"namespace": "dev"},
+        },
+    )
+    assert status == 201, rules
+    assert any("configmaps" in r["resources"] for r in rules["status"]["resourceRules"])
     # The revision covers both sources, on every sidecar alike.
     revisions = [(await env.ready(via))["checks"]["policy"]["detail"].split()[1] for via in (0, 1)]
     assert revisions[0] == revisions[1]
