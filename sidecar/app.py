@@ -188,7 +188,7 @@ def build_app(config: Config) -> web.Application:
         # Also answers the access reviews (never forwarded): they are decisions.
         AuthorizeStage(authorizer, metrics, ReviewApi(metrics, config.mode)),
         # Writes of policy objects: validated and checked for escalation (DESIGN §5).
-        RbacGuardStage(upstream.dry_run),
+        RbacGuardStage(upstream.dry_run, upstream.get_json),
         quota,
     ]
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 from aiohttp import web
 
 from sidecar.core.status import StatusError
+from sidecar.core.target import RequestTarget
 from sidecar.pipeline.chain import Handler
 from sidecar.pipeline.context import RequestContext
 from sidecar.policy.escalation import binding_write_refusal, role_write_refusal
@@ -47,6 +49,8 @@ NOT_FOLLOWED_WARNING = (
 )
 
 DryRun = Callable[[RequestContext], Awaitable[DryRunAnswer]]
+# `Upstream.get_json`: (path, identity) → (status, JSON).
+GetJson = Callable[..., Awaitable[tuple[int, Any]]]
 
 
 def invalid(
@@ -73,8 +77,9 @@ def invalid(
 class RbacGuardStage:
     name = "rbacguard"
 
-    def __init__(self, dry_run: DryRun) -> None:
+    def __init__(self, dry_run: DryRun, get_json: GetJson | None = None) -> None:
         self.dry_run = dry_run
+        self.get_json = get_json
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         target = ctx.target
@@ -105,6 +110,8 @@ class RbacGuardStage:
         name = name if isinstance(name, str) else target.name
         if checked.problems:
             raise invalid(kind, target.resource, target.api_group, name, checked.problems)
+        if checked.binding is not None and target.verb != "create":
+            await self._role_ref_unchanged(ctx, decided, kind, name, answer.object)
         engine = ctx.policy.engine
         refusal = None
         if checked.role is not None:
@@ -121,6 +128,38 @@ class RbacGuardStage:
         if target.verb == "patch":
             pin_patch(ctx, answer.object)
         return await call_next(ctx)
+
+    async def _role_ref_unchanged(
+        self,
+        ctx: RequestContext,
+        target: RequestTarget,
+        kind: str,
+        name: str,
+        new: dict[str, Any],
+    ) -> None:
+        """A binding's roleRef is immutable (as in Kubernetes): delete and recreate."""
+        if self.get_json is None or not target.name:
+            return
+        parts = [(target.api_group and f"apis/{target.api_group}") or "api", target.api_version]
+        parts += ["tenants", target.tenant or ""]
+        if target.namespace:
+            parts += ["namespaces", target.namespace]
+        parts += [target.resource, target.name]
+        path = "/" + "/".join(quote(p, safe="") if i > 0 else p for i, p in enumerate(parts))
+        status, current = await self.get_json(path, ctx.identity, [], ctx.request_id)
+        if status != 200 or not isinstance(current, dict):
+            return
+        before, after = current.get("roleRef"), new.get("roleRef")
+        if not isinstance(before, dict) or not isinstance(after, dict):
+            return
+        if (before.get("kind"), before.get("name")) != (after.get("kind"), after.get("name")):
+            raise invalid(
+                kind,
+                target.resource,
+                target.api_group,
+                name,
+                (("roleRef", "roleRef is immutable: delete the binding and create it again"),),
+            )
 
 
 def pin_patch(ctx: RequestContext, judged: dict[str, Any]) -> None:

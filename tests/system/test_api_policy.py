@@ -399,3 +399,32 @@ async def test_a_store_that_cannot_be_read_keeps_the_last_loaded_set(
 
     await eventually(recovered, 10, "following the store again")
     assert await allowed()
+
+
+async def test_a_bindings_role_ref_is_immutable(env: ApiPolicyEnv) -> None:
+    bindings = ns_path("beta", "prod", "rolebindings")
+    roles = ns_path("beta", "prod", "roles")
+    assert (await env.call("bert", "POST", roles, role("a", CM_READER)))[0] == 201
+    assert (await env.call("bert", "POST", roles, role("b", CM_READER)))[0] == 201
+    status, _ = await env.call("bert", "POST", bindings, binding("x", "Role", "a"))
+    assert status == 422  # no subjects
+    body = {**binding("x", "Role", "a"), "subjects": [{"kind": "Group", "name": "g"}]}
+    assert (await env.call("bert", "POST", bindings, body))[0] == 201
+    moved = {**body, "roleRef": {**body["roleRef"], "name": "b"}}
+    status, answer = await env.call("bert", "PUT", bindings + "/x", moved)
+    assert status == 422, answer
+    assert [c["field"] for c in answer["details"]["causes"]] == ["roleRef"]
+    status, answer = await env.call(
+        "bert",
+        "PATCH",
+        bindings + "/x",
+        {"roleRef": {"name": "b"}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 422, answer
+    _, stored = await env.store_call("GET", bindings + "/x")
+    assert stored["roleRef"]["name"] == "a"
+    status, _ = await env.call(
+        "bert", "PUT", bindings + "/x", {**body, "subjects": [{"kind": "Group", "name": "h"}]}
+    )
+    assert status == 200
