@@ -6,7 +6,7 @@ up by name. The order of the pipeline's stages is stated here and only here
 
     metrics → audit → errors → parse → anonymous rate limit → identity
             → rate limit (caller's tenant) → impersonation → transcode → authorize
-            → quota → forward
+            → policy-object guard (rbacguard) → quota → forward
 
 Each route runs a prefix of that one list in front of its own terminal:
 
