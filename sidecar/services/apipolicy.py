@@ -48,6 +48,7 @@ from sidecar.policy.source.api import (
     TenantUnit,
     compile_tenant,
     compose_bundle,
+    resolve,
 )
 from sidecar.policy.source.bundle import PolicyBundle
 from sidecar.policy.source.store import PolicyStore
@@ -132,6 +133,7 @@ class ApiPolicyFollower:
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api-policy")
         self.store.layer = self.join
+        self.store.prepare = self.prepare
         self._tasks.append(asyncio.create_task(self._apply_loop(), name="api-policy-apply"))
         for (group, resource), kind in KINDS.items():
             self._tasks.append(
@@ -164,6 +166,12 @@ class ApiPolicyFollower:
         bundle, notes = compose_bundle(files, self.layer)
         self._set_notes(notes)
         return bundle
+
+    def prepare(self, files: PolicyBundle) -> None:
+        """In the reload thread: every tenant's share resolved against the new files,
+        so that `join` on the event loop only merges."""
+        for unit in list(self.layer.units.values()):
+            resolve(unit, files.engine)
 
     # -- readiness -------------------------------------------------------------------
 

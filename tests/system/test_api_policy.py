@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests.rigs.apipolicy import (
     seed,
     start,
 )
+from tests.rigs.paths import SHIPPED_POLICIES
 from tests.rigs.waiting import eventually
 
 IN_FORCE_WITHIN = 2.0  # DESIGN §11: in force on every replica within 2 s
@@ -428,3 +430,45 @@ async def test_a_bindings_role_ref_is_immutable(env: ApiPolicyEnv) -> None:
         "bert", "PUT", bindings + "/x", {**body, "subjects": [{"kind": "Group", "name": "h"}]}
     )
     assert status == 200
+
+
+async def test_a_file_reload_keeps_the_api_grants(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(SHIPPED_POLICIES, policies)
+    one = start(tmp_path, procs, sidecars=0)
+    config = {**_config_of(tmp_path, one), "policies": str(policies)}
+    one.configs.append(config)
+    one.sidecars.append(procs.sidecar(config, name="reloading"))
+    await seed(one)
+    cms = "/api/v1/tenants/acme/namespaces/dev/configmaps"
+    assert (await one.call("alice", "POST", ns_path("acme", "dev", "roles"), role("r", CM_READER)))[
+        0
+    ] == 201
+    status, _ = await one.call(
+        "alice", "POST", ns_path("acme", "dev", "rolebindings"), binding("b", "Role", "r", "amy")
+    )
+    assert status == 201
+    await eventually(functools.partial(_is, one, "amy", cms, 200, 0), IN_FORCE_WITHIN, "grant")
+    before = (await one.ready())["checks"]["policy"]["detail"].split()[1]
+    with (policies / "99-extra.yaml").open("w") as f:
+        f.write("kind: ClusterRole\nmetadata: {name: extra}\nrules: []\n")
+
+    async def reloaded() -> str | None:
+        now = str((await one.ready())["checks"]["policy"]["detail"].split()[1])
+        return now if now.split("+")[0] != before.split("+")[0] else None
+
+    after = await eventually(reloaded, 10, "the file reload")
+    assert after.split("+")[1] == before.split("+")[1]  # the same API objects
+    assert await status_of(one, "amy", cms) == 200
+
+
+def _config_of(tmp: Path, env: ApiPolicyEnv) -> dict[str, object]:
+    return {
+        "upstream": env.store.url,
+        "identity": {"tokenFile": str(tmp / "tokens.yaml")},
+        "ledger": f"sqlite:///{tmp / 'ledger.db'}",
+        "audit": {"path": str(tmp / "audit-reloading.log")},
+        "apiPolicy": {"retrySeconds": 0.2},
+    }

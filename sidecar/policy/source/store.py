@@ -35,6 +35,9 @@ class PolicyStore:
         # (`layer`, set by the API policy follower: DESIGN §5, `source/api.py`).
         self.files: PolicyBundle = bundle
         self.layer: Callable[[PolicyBundle], PolicyBundle] | None = None
+        # Called with a loaded files' bundle off the event loop (the reload thread), so
+        # that joining it in `apply` costs the event loop little.
+        self.prepare: Callable[[PolicyBundle], None] | None = None
         self.last_error: list[Problem] = []
         # When the bundle in force was loaded, and the last refused change (if any).
         self.loaded_at = time.time()
@@ -47,6 +50,8 @@ class PolicyStore:
         if not problems and not bundle.documents:
             where = str(self.paths[0]) if self.paths else "policies"
             problems = [Problem(where, 0, "the policy has no documents; refusing an empty policy")]
+        if not problems and self.prepare is not None:
+            self.prepare(bundle)
         return bundle, problems
 
     def apply(self, bundle: PolicyBundle, problems: Sequence[Problem]) -> bool:
