@@ -58,7 +58,6 @@ log = logging.getLogger("sidecar.apipolicy")
 SYSTEM_HEADERS = {
     "X-Remote-User": "system:sidecar-policy",
     "X-Remote-Tenant": "system",
-    "X-Remote-Group": "system:masters",
     "Accept": "application/json",
 }
 NOT_SERVED_RETRY_SECONDS = 60.0

@@ -126,6 +126,8 @@ def start_cluster(tmp: Path) -> ClusterEnv:
         "identity": {"tokenFile": str(tokens)},
         "reload": {"enabled": False},
         "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
+        # Tenants manage their access with kubectl (DESIGN §5): follow the store.
+        "apiPolicy": {"enabled": True},
     }
     trust = ssl.create_default_context(cafile=str(ca_file))
     try:

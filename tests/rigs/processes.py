@@ -86,6 +86,10 @@ def start_sidecar(
 
     settings = dict(config)
     settings.setdefault("ledger", f"sqlite:///{tmp / 'ledger.db'}")
+    # Following the policy objects stored through the API (DESIGN §5) is opt-in here:
+    # many tests put a fake upstream (no store) behind the sidecar and count what it
+    # receives. Tests of that feature, and the kubectl cluster, give `apiPolicy`.
+    settings.setdefault("apiPolicy", {"enabled": False})
     return launch.start_sidecar(
         tmp, settings, port, name=name, metrics=metrics, env=env, cwd=ROOT, wait=wait, tls=tls
     )
