@@ -13,8 +13,8 @@ before the request is forwarded:
   naming the first rule not held.
 
 Runs after authorization (the caller may write the object at all) and in every mode.
-A dry run the upstream refuses is not judged here: the real request gets the same
-refusal from the upstream.
+A dry run the upstream refuses is answered as refused (its status and body), and the
+real request is not sent: nothing is ever forwarded unjudged.
 """
 
 from __future__ import annotations
@@ -102,8 +102,17 @@ class RbacGuardStage:
         tenant = decided.tenant or identity.tenant
         namespace = decided.namespace or ""
         answer = await self.dry_run(ctx)
-        if not 200 <= answer.status < 300 or not isinstance(answer.object, dict):
-            return await call_next(ctx)
+        if not 200 <= answer.status < 300:
+            # Never forwarded unjudged: a refusal of the dry run could turn into a
+            # success by the time the real request lands (a precondition another write
+            # makes true). The client gets the dry run's answer and may retry.
+            return web.Response(
+                status=answer.status,
+                body=answer.body,
+                headers={"Content-Type": answer.content_type or "application/json"},
+            )
+        if not isinstance(answer.object, dict):
+            raise StatusError(502, "the upstream's dry run did not answer an object")
         checked = check_object(kind, answer.object, tenant, namespace)
         meta = answer.object.get("metadata")
         name = meta.get("name") if isinstance(meta, dict) else None

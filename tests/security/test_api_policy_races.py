@@ -171,3 +171,56 @@ async def test_a_role_patch_lands_on_the_version_it_was_judged_on(
         )
         assert status == 200, answer
         await asyncio.to_thread(sidecar.stop)  # its watches through the interposer end
+
+
+async def test_a_refused_dry_run_is_never_followed_by_the_real_write(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    """A patch whose precondition names the version the role will have after another
+    write: its dry run is refused (409), and the interposer's write then makes the
+    precondition true. Forwarding the real patch after a refused dry run would apply it
+    unjudged (secrets for amy); it must not be sent."""
+    store = procs.store()
+    changes: list[str] = []
+    async with interposer(store.url, changes) as url:
+        tokens = processes.write_tokens(tmp_path, TOKENS)
+        config = {
+            "upstream": url,
+            "policies": str(SHIPPED_POLICIES),
+            "identity": {"tokenFile": str(tokens)},
+            "apiPolicy": {"retrySeconds": 0.2},
+        }
+        sidecar = await asyncio.to_thread(procs.sidecar, config)
+        env = ApiPolicyEnv(tmp_path, procs, store, [sidecar], [config])
+        await seed(env)
+        created = await env.call("alice", "POST", ROLES, role("bob-rights", [WRITE_ROLES, CM_GET]))
+        assert created[0] == 201, created
+        status, _ = await env.call(
+            "alice",
+            "POST",
+            ns_path("acme", "dev", "rolebindings"),
+            binding("b", "Role", "bob-rights", "amy"),
+        )
+        assert status == 201
+        assert (await env.call("alice", "POST", ROLES, role("shared", [CM_GET, PUBLIC])))[0] == 201
+
+        async def may_patch() -> bool:
+            return (await env.call("amy", "GET", ROLES + "/shared"))[0] == 200
+
+        await eventually(may_patch, 5, "amy's grant")
+        _, listed = await env.store_call("GET", ROLES)
+        next_rv = str(int(listed["metadata"]["resourceVersion"]) + 1)
+        secrets = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+        status, answer = await env.call(
+            "amy",
+            "PATCH",
+            ROLES + "/shared",
+            {"metadata": {"resourceVersion": next_rv}, "rules": secrets},
+            content_type="application/merge-patch+json",
+        )
+        assert changes == ["200"]  # the interposer's write made the precondition true
+        assert status == 409, answer
+        _, stored = await env.store_call("GET", ROLES + "/shared")
+        assert stored["metadata"]["resourceVersion"] == next_rv
+        assert stored["rules"] != secrets, stored
+        await asyncio.to_thread(sidecar.stop)
