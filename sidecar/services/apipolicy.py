@@ -61,6 +61,8 @@ SYSTEM_HEADERS = {
     "Accept": "application/json",
 }
 NOT_SERVED_RETRY_SECONDS = 60.0
+WATCH_SECONDS = 300
+MIN_WATCH_SECONDS = 1.0
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 LOG_EVERY_SECONDS = 30.0
 
@@ -74,6 +76,10 @@ def is_dns1123_subdomain(value: str) -> bool:
 
 class Unreadable(Exception):
     """The store could not be read (answer, network, or a broken watch)."""
+
+
+class WatchEnded(Exception):
+    """The store ended a watch cleanly (its timeout, a restart): list again."""
 
 
 def _path(group: str, resource: str) -> str:
@@ -198,10 +204,16 @@ class ApiPolicyFollower:
 
     async def _follow(self, kind: str, path: str) -> None:
         while True:
+            began = time.monotonic()
             try:
                 wait = await self._list_and_watch(kind, path)
             except asyncio.CancelledError:
                 raise
+            except WatchEnded:
+                # The store's own end of a watch: list again at once, unless watches
+                # end as soon as they open (an upstream that cannot stream one).
+                quick = time.monotonic() - began < MIN_WATCH_SECONDS
+                wait = self.retry_seconds if quick else 0.0
             except Exception as exc:
                 reason = str(exc) if isinstance(exc, Unreadable) else type(exc).__name__
                 if kind not in self.failing:
@@ -222,12 +234,15 @@ class ApiPolicyFollower:
             self._not_served(kind)
             return NOT_SERVED_RETRY_SECONDS
         self._loaded(kind, items)
+        # The store ends each watch after WATCH_SECONDS (then the kind is listed again);
+        # a connection that went silent without closing is given up a little later.
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.connect_timeout, sock_read=None
+            total=None, sock_connect=self.connect_timeout, sock_read=WATCH_SECONDS + 30
         )
+        params = {"watch": "1", "timeoutSeconds": str(WATCH_SECONDS)}
         try:
             watch = await asyncio.wait_for(
-                session.get(url, params={"watch": "1"}, headers=SYSTEM_HEADERS, timeout=timeout),
+                session.get(url, params=params, headers=SYSTEM_HEADERS, timeout=timeout),
                 self.read_timeout,
             )
         except TimeoutError:
@@ -240,7 +255,7 @@ class ApiPolicyFollower:
                 raise Unreadable("the list is gone")
             self._loaded(kind, items)
             await self._consume(kind, watch, list_rv)
-        raise Unreadable("the watch ended")
+        raise WatchEnded()
 
     def _loaded(self, kind: str, items: list[Any]) -> None:
         self.not_served.discard(kind)
