@@ -73,7 +73,7 @@ class QuotaService:
         pol = self.policy()
         if namespace:
             file_limits = pol.namespace_limits(tenant, namespace)
-            file_source = dict.fromkeys(file_limits, "file")
+            file_source = pol.namespace_sources(tenant, namespace)
         else:
             file_limits, file_source = pol.tenant_limits(tenant)
         scope = namespace or TENANT_SCOPE

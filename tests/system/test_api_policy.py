@@ -312,7 +312,10 @@ async def test_a_namespace_resource_quota_lowers_and_never_raises(env: ApiPolicy
 
     async def limit_seen(via: int) -> bool:
         _, shown = await env.call("bert", "GET", "/quota/v1/tenants/beta/namespaces/dev", via=via)
-        return any(q["resource"] == "servers" and q["hard_limit"] == 3 for q in shown["quotas"])
+        return any(
+            q["resource"] == "servers" and q["hard_limit"] == 3 and q["source"] == "object"
+            for q in shown["quotas"]
+        )
 
     for via in (0, 1):
         await eventually(functools.partial(limit_seen, via), IN_FORCE_WITHIN, f"quota on {via}")

@@ -28,6 +28,9 @@ class QuotaPolicy:
     defaults: Mapping[str, int] = field(default_factory=dict)
     tenants: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     namespaces: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    # Namespace limits set by ResourceQuota objects stored through the API (DESIGN §5):
+    # (tenant, namespace) → the resources whose limit came from one.
+    from_objects: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
     def tenant_limits(self, tenant: str) -> tuple[Limits, dict[str, str]]:
         """The file limits of a tenant and where each came from (default or file)."""
@@ -40,6 +43,13 @@ class QuotaPolicy:
 
     def namespace_limits(self, tenant: str, namespace: str) -> Limits:
         return dict(self.namespaces.get((tenant, namespace), {}))
+
+    def namespace_sources(self, tenant: str, namespace: str) -> dict[str, str]:
+        """Where each namespace limit came from: `file` or `object` (a ResourceQuota
+        stored through the API, when it is the lower)."""
+        objects = self.from_objects.get((tenant, namespace), frozenset())
+        limits = self.namespaces.get((tenant, namespace), {})
+        return {r: "object" if r in objects else "file" for r in limits}
 
 
 def effective_limits(

@@ -506,19 +506,22 @@ def compose_engine(files: PolicyEngine, layer: ApiLayer, revision: str) -> Compo
 def compose_quotas(files: QuotaPolicy, layer: ApiLayer) -> QuotaPolicy:
     """Namespace limits: the lowest of the files' and every API ResourceQuota's."""
     namespaces: dict[tuple[str, str], Mapping[str, int]] = dict(files.namespaces)
-    changed = False
+    from_objects: dict[tuple[str, str], frozenset[str]] = {}
     for unit in layer.units.values():
         for key, limits in unit.limits.items():
             if not limits:
                 continue
-            changed = True
             merged = dict(namespaces.get(key, {}))
+            lowered = set()
             for res, hard in limits.items():
+                if res not in merged or hard < merged[res]:
+                    lowered.add(res)
                 merged[res] = min(hard, merged.get(res, hard))
             namespaces[key] = merged
-    if not changed:
+            from_objects[key] = frozenset(lowered)
+    if not from_objects:
         return files
-    return QuotaPolicy(files.configured, files.defaults, files.tenants, namespaces)
+    return QuotaPolicy(files.configured, files.defaults, files.tenants, namespaces, from_objects)
 
 
 def combined_revision(files_revision: str, layer: ApiLayer) -> str:
