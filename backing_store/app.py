@@ -156,6 +156,50 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _modified(loc: Loc) -> StatusError:
+    """The 409 of a write whose precondition (resourceVersion, uid) no longer holds."""
+    return StatusError(
+        409,
+        f'Operation cannot be fulfilled on {loc.rt.plural} "{loc.name}": the object has '
+        "been modified; please apply your changes to the latest version and try again",
+        "Conflict",
+    )
+
+
+def _apply_preconditions(loc: Loc, current: Obj | None, meta: Any) -> None:
+    """An apply's `metadata.resourceVersion` must be the stored object's (an apply that
+    names one never creates: 409 when the object is missing), and its `metadata.uid`,
+    when the object exists, the stored object's (when it is missing, the create sets
+    its own uid as always): 409 Conflict otherwise, nothing stored."""
+    if not isinstance(meta, dict):
+        return
+    want_rv, want_uid = meta.get("resourceVersion"), meta.get("uid")
+    if want_rv not in (None, ""):
+        if current is None or str(want_rv) != current["metadata"].get("resourceVersion"):
+            raise _modified(loc)
+    if want_uid not in (None, "") and current is not None:
+        if str(want_uid) != current["metadata"].get("uid"):
+            raise _modified(loc)
+
+
+_PRECONDITION_PATHS = {"/metadata/resourceVersion": "resourceVersion", "/metadata/uid": "uid"}
+
+
+def _json_patch_preconditions(loc: Loc, current: Obj, ops: Any) -> None:
+    """409 when a `test` operation on `/metadata/resourceVersion` or `/metadata/uid`
+    names another value than the stored object's (the patch is otherwise judged by
+    `apply_patch`, which a malformed one fails with 400)."""
+    if not isinstance(ops, list):
+        return
+    for op in ops:
+        if not isinstance(op, dict) or op.get("op") != "test":
+            continue
+        path = op.get("path")
+        field = _PRECONDITION_PATHS.get(path) if isinstance(path, str) else None
+        if field is not None and "value" in op and op["value"] != current["metadata"].get(field):
+            raise _modified(loc)
+
+
 def _new_identity(obj: Obj) -> Obj:
     """A new object's `uid` and `creationTimestamp`: the store's own, whatever was sent."""
     meta = obj["metadata"]
@@ -530,8 +574,11 @@ class Service:
         if current is None:
             raise self._missing(loc)
         if json_ops:
-            # a JSON patch states its preconditions with `test` operations
+            # a JSON patch states its preconditions with `test` operations; one on the
+            # resourceVersion or uid that fails is a conflict (409), as a stale version
+            # in any other body is, rather than an unappliable patch (422)
             want_rv = None
+            _json_patch_preconditions(loc, current, body)
             obj = apply_patch(ctype, current, body, loc.rt.kind)
             sets_tags = isinstance(obj, dict) and obj.get("tags") != current.get("tags")
         else:
@@ -562,6 +609,10 @@ class Service:
             raise bad_request("metadata.managedFields must be nil in an apply body")
         self._check_body(body, loc, name=loc.name)
         current = self.store.get(loc.key)
+        # The body's resourceVersion and uid are preconditions (issue 28): checked
+        # before anything, so a stale apply is refused even when it would change
+        # nothing, and an apply that names a version never creates.
+        _apply_preconditions(loc, current, meta)
         obj = apply.apply(current, body, rt.kind, manager, rt.api_version, now(), force=force)
         convert(rt.kind, obj)
         if current is None:
@@ -584,12 +635,7 @@ class Service:
         an Update; None means `obj` carries its managedFields already (an apply)."""
         cur_meta = current["metadata"]
         if want_rv not in (None, "") and str(want_rv) != cur_meta["resourceVersion"]:
-            raise StatusError(
-                409,
-                f'Operation cannot be fulfilled on {loc.rt.plural} "{loc.name}": the object has '
-                "been modified; please apply your changes to the latest version and try again",
-                "Conflict",
-            )
+            raise _modified(loc)
         new_tags: list[str] | None = None
         if loc.rt is SERVERS:
             if sets_tags:

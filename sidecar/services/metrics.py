@@ -247,6 +247,15 @@ class Metrics:
         self.ledger_errors = Counter(
             "sidecar_ledger_errors_total", "Ledger operations that failed.", ["op"], registry=r
         )
+        # Defence in depth (issue 28): a commit that would book more than was reserved
+        # books the reservation and reconciles the tenant; it should never happen.
+        self.quota_overcommit = Counter(
+            "sidecar_quota_overcommit_total",
+            "Commits refused because the stored object is charged more than was reserved "
+            "(booked as reserved; the tenant is reconciled at once), by tenant and resource.",
+            ["tenant", "resource"],
+            registry=r,
+        )
         # Readiness: each check of the last /readyz evaluation (1 ok, 0 failing), so an
         # outage that keeps /readyz at 200 (ledger, global tier) still shows here.
         self.ready_check = Gauge(
