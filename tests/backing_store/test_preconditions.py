@@ -52,7 +52,8 @@ async def send(api: aiohttp.ClientSession, method: str, path: str, body: Any, ct
 async def made(api: aiohttp.ClientSession) -> dict[str, Any]:
     status, obj = await send(api, "POST", CMS, cm(v="1"), "application/json")
     assert status == 201, obj
-    return obj["metadata"]
+    meta: dict[str, Any] = obj["metadata"]
+    return meta
 
 
 def bodies(rv: str, uid: str) -> list[tuple[str, Any, str]]:
