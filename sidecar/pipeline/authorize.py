@@ -44,6 +44,13 @@ from sidecar.policy.owner import (
     patch_kind,
 )
 from sidecar.services.audit import authz_record
+from sidecar.upstream.preconditions import (
+    MAX_ATTEMPTS,
+    DecidedState,
+    StateChanged,
+    conflict,
+    parse_write_body,
+)
 
 if TYPE_CHECKING:
     from sidecar.services.metrics import Metrics
@@ -144,6 +151,7 @@ class Authorizer:
                 ctx.request_id,
                 fresh=v.target.verb not in READ_VERBS,
             )
+            _pin(ctx, v.target, obj)
             obj = obj or {}
             v = decide(bundle, identity, target, obj, conceal=conceal, cache=cache)
         patch = patch_kind(ctx.request.method, ctx.request.content_type)
@@ -155,6 +163,7 @@ class Authorizer:
                 stored = await self.owners.fetch(
                     self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
                 )
+                _pin(ctx, v.target, stored)
             if stored is None and (v.allowed or v.relaxable):
                 create = dataclasses.replace(target, verb="create")
                 created = decide(bundle, identity, create, conceal=conceal, cache=cache)
@@ -171,6 +180,7 @@ class Authorizer:
                     stored = await self.owners.fetch(
                         self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
                     )
+                    _pin(ctx, v.target, stored)
                 obj, patch = stored, RESULT
             else:
                 doc = await ctx.read_json()
@@ -184,9 +194,22 @@ class Authorizer:
         found, invalid, a conflict) is the answer to the request."""
         if self.dry_run is None:
             raise StatusError(415, "this patch type cannot be checked here; send a merge patch")
-        answer = await self.dry_run(ctx)
+        pinned = ctx.decided_state
+        raw = await ctx.read_body()
+        held = _held_body(ctx, raw, pinned)
+        ctx.body = held
+        try:
+            answer = await self.dry_run(ctx)
+        finally:
+            ctx.body = raw
         if not 200 <= answer.status < 300:
+            if pinned is not None and answer.status in (409, 422):
+                raise StateChanged(409, "the object changed after its owner was read")
             raise StatusError(answer.status, _upstream_message(answer.status, answer.body))
+        if pinned is None and answer.status == 201:
+            # An apply that creates: the real write is held to "not there yet" by the
+            # dry run's uid (an object made in between has another).
+            ctx.decided_state = DecidedState.of(answer.object)
         return answer.object
 
 
@@ -206,7 +229,33 @@ class AuthorizeStage:
             raise bad_request("the request target could not be parsed")
         if self.reviews is not None and self.reviews.handles(target):
             return await self.reviews.answer(ctx, self.authz)
+        # A write decided on the object's owner (read fresh) is sent holding the state it
+        # was read in (upstream/preconditions.py); when the object changed before the
+        # write landed, it is decided again on its new state, a bounded number of times.
+        body: list[tuple[bytes | None, Any]] = []
+        for _attempt in range(MAX_ATTEMPTS):
+            if body:
+                ctx.body, ctx.parsed_body = body[0]
+            ctx.decided_state = None
+            try:
+                return await self._decided(ctx, identity, target, call_next, body)
+            except StateChanged:
+                ctx.audit["authz.attempts"] = _attempt + 2
+                if not body:  # nothing read yet that could be restored
+                    body.append((ctx.body, ctx.parsed_body))
+        raise conflict(target.resource, target.name, MAX_ATTEMPTS)
+
+    async def _decided(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget,
+        call_next: Handler,
+        body: list[tuple[bytes | None, Any]],
+    ) -> web.StreamResponse:
         v = await self.authz.authorize(ctx, identity, target)
+        if not body and ctx.decided_state is not None:
+            body.append((ctx.body, ctx.parsed_body))  # as read, for a decision made again
         ctx.decision = v
         ctx.audit["authz"] = authz_record(v)
         label = self.metrics.tenant(identity.tenant)
@@ -234,10 +283,31 @@ class AuthorizeStage:
         self, ctx: RequestContext, identity: Identity, v: Verdict, call_next: Handler
     ) -> web.StreamResponse:
         self._apply(ctx, identity, v)
+        pinned = ctx.decided_state
         try:
-            return await call_next(ctx)
+            if pinned is None:
+                return await call_next(ctx)
+            ctx.body = _held_body(ctx, await ctx.read_body(), pinned)
+            ctx.read_whole_answer = True  # not sent before its status is judged
+            response = await call_next(ctx)
+            if response.status in (409, 422) and await self._changed(ctx, identity, v, pinned):
+                raise StateChanged(409, "the object changed after its owner was read")
+            return response
         finally:
             self._forget_written(ctx, identity, v)
+
+    async def _changed(
+        self, ctx: RequestContext, identity: Identity, v: Verdict, pinned: DecidedState
+    ) -> bool:
+        """Whether a write refused with 409/422 was refused because the object changed
+        since its owner was read (else the refusal is the answer: a conflict of the
+        client's own, a JSON patch that does not apply)."""
+        if v.target is None:
+            return False
+        now = await self.authz.owners.fetch(
+            self.authz.get_json, identity, v.target, ctx.request_id, fresh=True
+        )
+        return DecidedState.of(now) != pinned
 
     def _apply(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
         """What the verdict asks of the forwarded request, in every mode."""
@@ -286,3 +356,24 @@ def forwarded(v: Verdict, dry_run: bool) -> bool:
     """Whether a request with this verdict is forwarded (`modes.forwards`; open watches
     are decided again by the same rule)."""
     return forwards(v, DRY_RUN if dry_run else ENFORCE)
+
+
+# Writes decided on a fresh read of their object: the write holds that read's state.
+_HELD_VERBS = frozenset({"update", "patch"})
+
+
+def _pin(ctx: RequestContext, target: RequestTarget, obj: Any) -> None:
+    """Remember the state of the object an update or patch of it was decided on (a
+    fresh read; None when missing: the write creates it or finds nothing)."""
+    if target.verb in _HELD_VERBS and target.name and not target.subresource:
+        ctx.decided_state = DecidedState.of(obj) if obj else None
+
+
+def _held_body(ctx: RequestContext, raw: bytes, state: DecidedState | None) -> bytes:
+    """The request's body holding `state` as its precondition (unchanged for None)."""
+    if state is None:
+        return raw
+    request = ctx.request
+    return parse_write_body(
+        request.method, request.content_type, request.headers.get("Content-Encoding", ""), raw
+    ).with_state(state)

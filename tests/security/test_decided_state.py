@@ -17,6 +17,7 @@ cannot land inside a charged update at all. Real sidecar and store processes."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -40,6 +42,7 @@ from tests.rigs.quota import (
     QuotaEnv,
     quota_env,
 )
+from tests.rigs.tenancy import SHIPPED_POLICIES, TOKENS
 
 JSON_PATCH = "application/json-patch+json"
 MERGE = "application/merge-patch+json"
@@ -350,3 +353,91 @@ async def test_bad_bodies_are_a_status_with_nothing_stored_or_charged(tmp_path: 
         assert await env.usage("pods") == (1, 0)
         # nothing of it reached the store for real
         assert not [s for s in rig.seen if s[0] == "PATCH" and "dryRun" not in s[1]]
+
+
+# -- owner rules: the owner a write was decided on is the owner it lands on ---------------
+
+NODES = "/api/v1/nodes"
+
+
+@asynccontextmanager
+async def owners_env(tmp: Path) -> AsyncIterator[tuple[Interleaver, str, processes.Proc]]:
+    """The shipped policies, the real store behind the interleaving rig, the sidecar."""
+    store = processes.start_store(tmp)
+    rig = Interleaver(store.url)
+    try:
+        async with rig.running() as url:
+            tokens = processes.write_tokens(tmp, TOKENS)
+            settings = {
+                "upstream": url,
+                "policies": str(SHIPPED_POLICIES),
+                "identity": {"tokenFile": str(tokens)},
+                "reload": {"enabled": False},
+                "ledger": f"sqlite:///{tmp / 'ledger.db'}",
+            }
+            sidecar = await asyncio.to_thread(processes.start_sidecar, tmp, settings)
+            try:
+                yield rig, sidecar.url, store
+            finally:
+                sidecar.stop()
+    finally:
+        store.stop()
+
+
+async def call(url: str, token: str, method: str, path: str, body: Any, ctype: str) -> Any:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            url + path,
+            data=json.dumps(body),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": ctype},
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+@pytest.mark.parametrize("ctype", [MERGE, JSON_PATCH, "application/strategic-merge-patch+json"])
+async def test_a_node_given_away_meanwhile_is_not_written(tmp_path: Path, ctype: str) -> None:
+    """acme's node owner patches node n, owned by acme when its owner is read; the
+    admin gives n to beta before the write lands. The write held acme's read of n: the
+    store refuses it, the sidecar decides again on beta's node (404 to acme) and beta's
+    node is untouched."""
+    async with owners_env(tmp_path) as (rig, url, store):
+        for tenant in ("acme", "beta"):
+            assert (
+                await call(
+                    url,
+                    "admin",
+                    "POST",
+                    "/api/v1/tenants",
+                    {"metadata": {"name": tenant}},
+                    "application/json",
+                )
+            )[0] == 201
+        node = {"metadata": {"name": "n"}, "spec": {"resource_class": "gpu", "owner": "acme"}}
+        assert (await call(url, "admin", "POST", NODES, node, "application/json"))[0] == 201
+
+        async def give_away() -> None:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.patch(
+                    store.url + NODES + "/n",
+                    json={"spec": {"owner": "beta"}},
+                    headers={**STORE_HEADERS, "Content-Type": MERGE},
+                ) as r,
+            ):
+                assert r.status == 200
+
+        rig.picks = real_write(NODES + "/n")
+        rig.before = inject(give_away)
+        body: Any = {"spec": {"resource_class": "acme-was-here"}}
+        if ctype == JSON_PATCH:
+            body = [{"op": "replace", "path": "/spec/resource_class", "value": "acme-was-here"}]
+        status, answer = await call(url, "acme-owner", "PATCH", NODES + "/n", body, ctype)
+        assert status == 404, answer
+        assert answer["kind"] == "Status"
+        rig.before = None
+        status, stored = await call(url, "admin", "GET", NODES + "/n", None, "application/json")
+        assert status == 200
+        assert stored["spec"] == {"resource_class": "gpu", "owner": "beta"}
