@@ -213,9 +213,15 @@ class QuotaStage:
             if tracked is not None and target.name and target.tenant:
                 return await self._update(ctx, call_next, target, tracked, dry)
         elif target.verb in ("delete", "deletecollection"):
+            # The delete is booked as made when it was sent (issue 28): a record made
+            # before then is of an object the store deleted; one made after it (an
+            # object made again while the delete's answer was on its way) is kept,
+            # never returned for an object that still exists (an over-count at worst,
+            # which the next reconcile corrects, never an under-count).
+            sent_at = self.ledger.clock()
             response = await call_next(ctx)
             if 200 <= response.status < 300 and not dry:
-                await self._after_delete(target, response)
+                await self._after_delete(target, response, sent_at)
             return response
         return await call_next(ctx)
 
@@ -630,14 +636,16 @@ class QuotaStage:
 
     # -- deletes ------------------------------------------------------------------------
 
-    async def _after_delete(self, target: RequestTarget, response: web.StreamResponse) -> None:
+    async def _after_delete(
+        self, target: RequestTarget, response: web.StreamResponse, at: float
+    ) -> None:
         """Return what a successful delete freed. A ledger that fails (or stalls past its
         timeout) is asked again until it answers; the delete is made at the time it
         happened, so a repeat returns a charge once and never that of an object of the
         same name made since. A deletecollection that deleted something (its answer
         says so: `deleted_something`) has the tenant recounted, one reconcile at a time
-        per tenant (`Reconciles`); one that deleted nothing costs nothing."""
-        at = self.ledger.clock()
+        per tenant (`Reconciles`); one that deleted nothing costs nothing. `at`: when
+        the delete was sent."""
         call: Callable[[], Awaitable[Any]]
         if target.verb == "delete":
             if target.scope == Scope.CLUSTER and target.resource == "tenants":

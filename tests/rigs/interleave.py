@@ -1,7 +1,7 @@
 """A deterministic interleaving rig: a pass-through between the sidecar and the real
 store that runs a chosen step (`before`) just before it forwards a request it picks
 (`picks`), e.g. a write injected between the sidecar's dry run of an update and the
-real update. Nothing is timed: the injected step has landed before the picked request
+real update, or (`after`) once the store answered it and before the answer goes back. Nothing is timed: the injected step has landed before the picked request
 reaches the store, on every run."""
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 _FORWARDED = ("content-type", "x-remote-user", "x-remote-tenant", "x-remote-group")
+
+
+def real_delete(path: str) -> Callable[[web.Request], bool]:
+    """Picks the real (not `dryRun`) DELETE of the object at `path`."""
+
+    def picks(request: web.Request) -> bool:
+        return request.method == "DELETE" and request.path == path and "dryRun" not in request.query
+
+    return picks
 
 
 def real_write(path: str) -> Callable[[web.Request], bool]:
@@ -35,6 +44,8 @@ class Interleaver:
         self.store_url = store_url
         self.picks: Callable[[web.Request], bool] = lambda _r: False
         self.before: Callable[[web.Request], Awaitable[None]] | None = None
+        # Run once the store answered a picked request, before its answer goes back.
+        self.after: Callable[[web.Request], Awaitable[None]] | None = None
         self.picked = 0  # picked requests forwarded so far
         self.seen: list[tuple[str, str, bytes]] = []  # (method, path with query, body)
         self._http: aiohttp.ClientSession | None = None
@@ -48,7 +59,8 @@ class Interleaver:
         assert self._http is not None
         body = await request.read()
         self.seen.append((request.method, request.raw_path, body))
-        if self.picks(request):
+        picked = self.picks(request)
+        if picked:
             self.picked += 1
             if self.before is not None:
                 await self.before(request)
@@ -57,11 +69,11 @@ class Interleaver:
         async with self._http.request(
             request.method, target, data=body or None, headers=headers
         ) as resp:
-            return web.Response(
-                status=resp.status,
-                body=await resp.read(),
-                headers={"Content-Type": resp.headers.get("Content-Type", "application/json")},
-            )
+            answer = await resp.read()
+            status, ctype = resp.status, resp.headers.get("Content-Type", "application/json")
+        if picked and self.after is not None:
+            await self.after(request)
+        return web.Response(status=status, body=answer, headers={"Content-Type": ctype})
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[str]:

@@ -30,7 +30,7 @@ import pytest
 from aiohttp import web
 
 from tests.rigs import processes
-from tests.rigs.interleave import Interleaver, real_write
+from tests.rigs.interleave import Interleaver, real_delete, real_write
 from tests.rigs.paths import ROOT
 from tests.rigs.policies import admin_policy
 from tests.rigs.quota import (
@@ -441,3 +441,53 @@ async def test_a_node_given_away_meanwhile_is_not_written(tmp_path: Path, ctype:
         status, stored = await call(url, "admin", "GET", NODES + "/n", None, "application/json")
         assert status == 200
         assert stored["spec"] == {"resource_class": "gpu", "owner": "beta"}
+
+
+# -- deletes: a charge is returned only for what the delete removed -----------------------
+
+
+async def test_an_object_made_again_while_a_delete_answers_keeps_its_charge(
+    tmp_path: Path,
+) -> None:
+    """The store deleted pod p; before its answer reached the sidecar, p was made again
+    (through the sidecar: charged). The delete returned the new p's charge, which the
+    store still holds: usage under what is stored (room for more than the quota)."""
+    async with interleaved(tmp_path) as (env, rig):
+        status, body = await env.send("POST", PODS, pod_with_status("p", "1", "0"))
+        assert status == 201, body
+
+        async def make_again() -> None:
+            status, body = await env.send("POST", PODS, pod_with_status("p", "1", "0"))
+            assert status == 201, json.dumps(body)
+
+        rig.picks = real_delete(PODS + "/p")
+        rig.after = inject(make_again)
+        status, body = await env.send("DELETE", PODS + "/p")
+        assert status == 200, body
+        assert rig.picked == 1
+        assert cpu_of(await env.stored(PODS + "/p")) == "1"
+        assert await env.usage("requests.cpu") == ("1", "0")
+        status, body = await env.send("POST", PODS, pod_with_status("q", "3500m", "0"))
+        assert status == 403, body
+
+
+async def test_a_namespace_made_again_while_its_delete_answers_keeps_its_charges(
+    tmp_path: Path,
+) -> None:
+    async with interleaved(tmp_path) as (env, rig):
+        ns = "/api/v1/tenants/acme/namespaces"
+        pods = f"{ns}/work/pods"
+        assert (await env.send("POST", ns, {"metadata": {"name": "work"}}))[0] == 201
+        assert (await env.send("POST", pods, pod_with_status("p", "1", "0")))[0] == 201
+
+        async def make_again() -> None:
+            assert (await env.send("POST", ns, {"metadata": {"name": "work"}}))[0] == 201
+            status, body = await env.send("POST", pods, pod_with_status("p", "1", "0"))
+            assert status == 201, body
+
+        rig.picks = real_delete(ns + "/work")
+        rig.after = inject(make_again)
+        status, body = await env.send("DELETE", ns + "/work")
+        assert status == 200, body
+        assert cpu_of(await env.stored(pods + "/p")) == "1"
+        assert await env.usage("requests.cpu") == ("1", "0")
