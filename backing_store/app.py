@@ -182,6 +182,31 @@ def _apply_preconditions(loc: Loc, current: Obj | None, meta: Any) -> None:
             raise _modified(loc)
 
 
+def _check_preconditions(loc: Loc, current: Obj, given: Any) -> None:
+    """409 when `given` (a body's `metadata`, or DeleteOptions' `preconditions`) names
+    another `resourceVersion` or `uid` than the stored object's."""
+    if not isinstance(given, dict):
+        return
+    meta = current["metadata"]
+    for field in ("resourceVersion", "uid"):
+        want = given.get(field)
+        if want not in (None, "") and str(want) != meta.get(field):
+            raise _modified(loc)
+
+
+async def _delete_preconditions(request: web.Request) -> dict[str, Any] | None:
+    """The `preconditions` of a DELETE's DeleteOptions body (read and checked as an
+    object already, by the dry-run check), or None."""
+    raw = await read_body(request)
+    if not raw.strip():
+        return None
+    options = await read_json(request)
+    found = options.get("preconditions") if isinstance(options, dict) else None
+    if found is not None and not isinstance(found, dict):
+        raise bad_request("DeleteOptions.preconditions must be an object")
+    return found
+
+
 _PRECONDITION_PATHS = {"/metadata/resourceVersion": "resourceVersion", "/metadata/uid": "uid"}
 
 
@@ -317,7 +342,7 @@ class Service:
         if verb in ("update", "patch"):
             return await self._update(request, loc, patch=verb == "patch")
         if verb == "delete":
-            return self._delete(loc)
+            return self._delete(loc, await _delete_preconditions(request))
         if verb == "deletecollection":
             return self._delete_collection(request, loc)
         raise StatusError(405, f"{request.method} is not allowed here")
@@ -655,13 +680,19 @@ class Service:
         self.store.write(loc.key, obj, create=False, tags=new_tags)
         return json_response(obj)
 
-    def _delete(self, loc: Loc) -> web.Response:
-        """An immediate delete answers a success `Status`, as Kubernetes does."""
+    def _delete(self, loc: Loc, preconditions: dict[str, Any] | None = None) -> web.Response:
+        """An immediate delete answers a success `Status`, as Kubernetes does. The
+        DeleteOptions' `preconditions` (`resourceVersion`, `uid`) must hold: 409."""
         if loc.rt is TENANTS and loc.name in RESERVED_TENANTS:
             raise StatusError(
                 403, f"tenant {loc.name!r} is reserved: it always exists and cannot be deleted"
             )
         with self.store.tx():
+            if preconditions:
+                current = self.store.get(loc.key)
+                if current is None:
+                    raise self._missing(loc)
+                _check_preconditions(loc, current, preconditions)
             obj = self._delete_one(loc)
         details: dict[str, Any] = {"name": loc.name}
         if loc.rt.group:
@@ -771,10 +802,16 @@ class Service:
         manager = apply.field_manager(request, apply=False)
         if request.method == "PATCH":
             body: Any = await (read_json(request) if ctype == JSON_PATCH else read_object(request))
+            if ctype == JSON_PATCH:
+                _json_patch_preconditions(loc, current, body)
+            else:
+                _check_preconditions(loc, current, body.get("metadata"))
             patched = apply_patch(ctype, current, body, loc.rt.kind)
             status = patched.get("status") if isinstance(patched, dict) else None
         else:
-            status = (await read_object(request)).get("status")
+            whole = await read_object(request)
+            _check_preconditions(loc, current, whole.get("metadata"))
+            status = whole.get("status")
         new = copy.deepcopy(current)
         new["status"] = status
         kind, version = loc.rt.kind, loc.rt.api_version

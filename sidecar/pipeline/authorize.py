@@ -49,6 +49,7 @@ from sidecar.upstream.preconditions import (
     DecidedState,
     StateChanged,
     conflict,
+    held_delete_options,
     parse_write_body,
 )
 
@@ -254,8 +255,6 @@ class AuthorizeStage:
         body: list[tuple[bytes | None, Any]],
     ) -> web.StreamResponse:
         v = await self.authz.authorize(ctx, identity, target)
-        if not body and ctx.decided_state is not None:
-            body.append((ctx.body, ctx.parsed_body))  # as read, for a decision made again
         ctx.decision = v
         ctx.audit["authz"] = authz_record(v)
         label = self.metrics.tenant(identity.tenant)
@@ -271,19 +270,30 @@ class AuthorizeStage:
                 identity.tenant,
                 v.reason,
             )
-            return await self._forward(ctx, identity, v, call_next)
+            return await self._forward(ctx, identity, v, call_next, body)
         self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
         if not v.allowed:
             if ctx.dry_run:
                 ctx.audit["authz"]["mode"] = "dry-run (not relaxed)"
             raise v.refusal()
-        return await self._forward(ctx, identity, v, call_next)
+        return await self._forward(ctx, identity, v, call_next, body)
 
     async def _forward(
-        self, ctx: RequestContext, identity: Identity, v: Verdict, call_next: Handler
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        v: Verdict,
+        call_next: Handler,
+        body: list[tuple[bytes | None, Any]] | None = None,
     ) -> web.StreamResponse:
-        self._apply(ctx, identity, v)
         pinned = ctx.decided_state
+        if pinned is not None and body is not None and not body:
+            # Held to the state it was decided on, so read now (only once forwarded:
+            # a `100 Continue` waits for the decision), and kept as read for a
+            # decision made again.
+            await ctx.read_body()
+            body.append((ctx.body, ctx.parsed_body))
+        self._apply(ctx, identity, v)
         try:
             if pinned is None:
                 return await call_next(ctx)
@@ -359,13 +369,22 @@ def forwarded(v: Verdict, dry_run: bool) -> bool:
 
 
 # Writes decided on a fresh read of their object: the write holds that read's state.
+# An update or patch of the object or of a subresource that takes the object's
+# `metadata` as a precondition (Kubernetes' status and scale, the reference store's
+# node power), and a delete (DeleteOptions `preconditions`).
 _HELD_VERBS = frozenset({"update", "patch"})
+_HELD_SUBRESOURCES = frozenset({"", "status", "scale", "power"})
 
 
 def _pin(ctx: RequestContext, target: RequestTarget, obj: Any) -> None:
-    """Remember the state of the object an update or patch of it was decided on (a
-    fresh read; None when missing: the write creates it or finds nothing)."""
-    if target.verb in _HELD_VERBS and target.name and not target.subresource:
+    """Remember the state of the object a write of it was decided on (a fresh read;
+    None when missing: the write creates it or finds nothing)."""
+    if not target.name or target.extra:
+        return
+    held = (target.verb in _HELD_VERBS and target.subresource in _HELD_SUBRESOURCES) or (
+        target.verb == "delete" and not target.subresource
+    )
+    if held:
         ctx.decided_state = DecidedState.of(obj) if obj else None
 
 
@@ -374,6 +393,8 @@ def _held_body(ctx: RequestContext, raw: bytes, state: DecidedState | None) -> b
     if state is None:
         return raw
     request = ctx.request
+    if request.method == "DELETE":
+        return held_delete_options(raw, state)
     return parse_write_body(
         request.method, request.content_type, request.headers.get("Content-Encoding", ""), raw
     ).with_state(state)

@@ -423,6 +423,7 @@ class QuotaStage:
             self.metrics.ledger_errors.labels("reserve").inc()
             ledger_down = exc
         settled = False
+        raw = await ctx.read_body()
         try:
             # The body read once as the upstream reads it: the dry run and the real
             # write send the same bytes but for the precondition (415/400 here, with
@@ -431,7 +432,7 @@ class QuotaStage:
                 ctx.request.method,
                 ctx.request.content_type,
                 ctx.request.headers.get("Content-Encoding", ""),
-                await ctx.read_body(),
+                raw,
             )
             # An earlier stage decided on a state of the object (its owner, read fresh):
             # the dry run is held to that state too, and a change means deciding again.
@@ -449,7 +450,8 @@ class QuotaStage:
                 if not isinstance(would.object, dict):
                     raise UpstreamError(502, "the upstream's dry run did not answer with an object")
                 new_charge = _charge(tracked, would.object)
-                # The state the dry run was made on: the real write is held to it.
+                # The state the dry run was made on: the real write is held to it (to
+                # the earlier stage's, when one decided: the dry run was held to it too).
                 state = DecidedState.of(would.object)
                 if state is None or (
                     pinned is not None and state.resource_version != pinned.resource_version
@@ -457,6 +459,7 @@ class QuotaStage:
                     raise UpstreamError(
                         502, "the upstream's dry run did not answer with the object's version"
                     )
+                state = pinned or state
                 if lock is None:
                     assert ledger_down is not None
                     ctx.body = body.with_state(state)
@@ -523,6 +526,9 @@ class QuotaStage:
                     raise StateChanged(409, "the object changed after it was decided on")
             ctx.audit["quota"] = "conflict: the object kept changing"
             raise conflict(tracked.resource, target.name, MAX_ATTEMPTS)
+        except StateChanged:
+            ctx.body = raw  # decided again from the request as it came
+            raise
         finally:
             if lock is not None and not settled:
                 await self._release(lock)

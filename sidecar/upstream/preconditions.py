@@ -111,8 +111,10 @@ class WriteBody:
         doc = copy.copy(self.value)
         meta = dict(doc.get("metadata") or {})
         if state.resource_version:
+            _agree(meta, "resourceVersion", state.resource_version)
             meta["resourceVersion"] = state.resource_version
         elif state.uid:
+            _agree(meta, "uid", state.uid)
             meta["uid"] = state.uid
         doc["metadata"] = meta
         return _encode(doc)
@@ -125,6 +127,42 @@ class WriteBody:
         if self.kind in ("json-patch", "apply"):
             return frozenset({409, 422})
         return frozenset({409})
+
+
+def held_delete_options(raw: bytes, state: DecidedState) -> bytes:
+    """A DELETE's DeleteOptions (its body, or a new one when it has none) holding
+    `state` in `preconditions`; 400 for a body that is not a JSON object."""
+    options: Any = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    if raw.strip():
+        try:
+            options = strict_json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise bad_request("a DELETE body must be a DeleteOptions JSON object") from None
+        if not isinstance(options, dict):
+            raise bad_request("a DELETE body must be a DeleteOptions JSON object")
+        _check_depth(options)
+    given = options.get("preconditions")
+    if given is not None and not isinstance(given, dict):
+        raise bad_request("DeleteOptions.preconditions must be an object")
+    held = dict(given or {})
+    if state.resource_version:
+        _agree(held, "resourceVersion", state.resource_version)
+        held["resourceVersion"] = state.resource_version
+    if state.uid:
+        _agree(held, "uid", state.uid)
+        held["uid"] = state.uid
+    return _encode({**options, "preconditions": held})
+
+
+def _agree(given: dict[str, Any], field: str, decided: str) -> None:
+    """A client's own precondition (`field` in its body) must be the decided one: when
+    they differ, one of them is stale, and both must hold, so the object is read again
+    (StateChanged: decided again, or 409 when it keeps differing)."""
+    own = given.get(field)
+    if own not in (None, "") and str(own) != decided:
+        raise StateChanged(
+            409, f"the request's own {field} precondition is not the object's current one"
+        )
 
 
 def _encode(value: Any) -> bytes:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -260,7 +261,7 @@ async def test_every_body_type_carries_the_decided_version(tmp_path: Path, ctype
         if ctype == APPLY:
             patch = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, **patch}
         status, body = await env.send("PATCH", path, patch, content_type=ctype)
-        assert status == 200, body
+        assert status == 200, json.dumps(body)
         assert rig.picked == 2
         assert cpu_of(await env.stored(PODS + "/p")) == "2"
         assert await env.usage("requests.cpu") == ("2", "0")
@@ -361,7 +362,9 @@ NODES = "/api/v1/nodes"
 
 
 @asynccontextmanager
-async def owners_env(tmp: Path) -> AsyncIterator[tuple[Interleaver, str, processes.Proc]]:
+async def owners_env(
+    tmp: Path, policies: Path = SHIPPED_POLICIES
+) -> AsyncIterator[tuple[Interleaver, str, processes.Proc]]:
     """The shipped policies, the real store behind the interleaving rig, the sidecar."""
     store = processes.start_store(tmp)
     rig = Interleaver(store.url)
@@ -370,7 +373,7 @@ async def owners_env(tmp: Path) -> AsyncIterator[tuple[Interleaver, str, process
             tokens = processes.write_tokens(tmp, TOKENS)
             settings = {
                 "upstream": url,
-                "policies": str(SHIPPED_POLICIES),
+                "policies": str(policies),
                 "identity": {"tokenFile": str(tokens)},
                 "reload": {"enabled": False},
                 "ledger": f"sqlite:///{tmp / 'ledger.db'}",
@@ -390,7 +393,7 @@ async def call(url: str, token: str, method: str, path: str, body: Any, ctype: s
         http.request(
             method,
             url + path,
-            data=json.dumps(body),
+            data=None if body is None else json.dumps(body),
             headers={"Authorization": f"Bearer {token}", "Content-Type": ctype},
         ) as r,
     ):
@@ -491,3 +494,85 @@ async def test_a_namespace_made_again_while_its_delete_answers_keeps_its_charges
         assert status == 200, body
         assert cpu_of(await env.stored(pods + "/p")) == "1"
         assert await env.usage("requests.cpu") == ("1", "0")
+
+
+NODE_DELETER = """
+kind: ClusterRole
+metadata: {name: node-deleter}
+rules:
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [delete]
+  when: owner
+---
+kind: TenantRoleBinding
+metadata: {name: node-deleters, tenant: acme}
+roleRef: {kind: ClusterRole, name: node-deleter}
+subjects: [{kind: Group, name: node-owners}]
+"""
+
+
+async def seeded_node(url: str) -> None:
+    for tenant in ("acme", "beta"):
+        status, _ = await call(
+            url, "admin", "POST", "/api/v1/tenants", {"metadata": {"name": tenant}}, MERGE
+        )
+        assert status == 201
+    node = {"metadata": {"name": "n"}, "spec": {"resource_class": "gpu", "owner": "acme"}}
+    assert (await call(url, "admin", "POST", NODES, node, "application/json"))[0] == 201
+
+
+def giving_away(store: processes.Proc) -> Callable[[web.Request], Awaitable[None]]:
+    async def give_away(_request: web.Request) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.patch(
+                store.url + NODES + "/n",
+                json={"spec": {"owner": "beta"}},
+                headers={**STORE_HEADERS, "Content-Type": MERGE},
+            ) as r,
+        ):
+            assert r.status == 200
+
+    return give_away
+
+
+async def test_a_node_given_away_meanwhile_is_not_powered(tmp_path: Path) -> None:
+    async with owners_env(tmp_path) as (rig, url, store):
+        await seeded_node(url)
+        rig.picks = lambda r: r.method == "PUT" and r.path == NODES + "/n/power"
+        rig.before = giving_away(store)
+        status, answer = await call(
+            url,
+            "acme-owner",
+            "PUT",
+            NODES + "/n/power",
+            {"target": "power off"},
+            "application/json",
+        )
+        assert status == 404, answer
+        rig.before = None
+        status, stored = await call(url, "admin", "GET", NODES + "/n", None, "application/json")
+        assert stored["spec"]["owner"] == "beta"
+        assert (stored.get("status") or {}).get("power_state") != "power off"
+
+
+async def test_a_node_given_away_meanwhile_is_not_deleted(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(SHIPPED_POLICIES, policies)
+    (policies / "99-node-deleter.yaml").write_text(NODE_DELETER)
+    async with owners_env(tmp_path, policies) as (rig, url, store):
+        await seeded_node(url)
+        rig.picks = lambda r: r.method == "DELETE" and r.path == NODES + "/n"
+        rig.before = giving_away(store)
+        status, answer = await call(url, "acme-owner", "DELETE", NODES + "/n", None, MERGE)
+        assert status == 404, answer
+        rig.before = None
+        status, stored = await call(url, "admin", "GET", NODES + "/n", None, "application/json")
+        assert status == 200, stored
+        assert stored["spec"]["owner"] == "beta"
+        # acme's own node it may still delete (with or without DeleteOptions)
+        node = {"metadata": {"name": "m"}, "spec": {"resource_class": "gpu", "owner": "acme"}}
+        assert (await call(url, "admin", "POST", NODES, node, "application/json"))[0] == 201
+        status, answer = await call(url, "acme-owner", "DELETE", NODES + "/m", None, MERGE)
+        assert status == 200, answer
