@@ -176,7 +176,7 @@ class Authorizer:
                 # Strategic merge and server-side apply: only the upstream knows what
                 # the object becomes (DESIGN §7), so the owner rule reads its dry run,
                 # against the stored object (None: the write creates it).
-                doc = await self._would_become(ctx)
+                doc = await self._would_become(ctx, fetch_as or identity, v.target)
                 if stored is None and patch != APPLY and v.target is not None:
                     stored = await self.owners.fetch(
                         self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
@@ -190,7 +190,24 @@ class Authorizer:
             )
         return v
 
-    async def _would_become(self, ctx: RequestContext) -> Any:
+    async def moved(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget | None,
+        pinned: DecidedState,
+    ) -> bool:
+        """Whether the object is no longer in the state a write was decided on (read
+        fresh): a write held to that state and refused with 409/422 was refused for
+        that (decide again), or else for its own reasons (its answer stands)."""
+        if target is None:
+            return False
+        now = await self.owners.fetch(self.get_json, identity, target, ctx.request_id, fresh=True)
+        return DecidedState.of(now) != pinned
+
+    async def _would_become(
+        self, ctx: RequestContext, identity: Identity, target: RequestTarget | None
+    ) -> Any:
         """The object the upstream's dry run of this write answers; its refusal (not
         found, invalid, a conflict) is the answer to the request."""
         if self.dry_run is None:
@@ -204,7 +221,11 @@ class Authorizer:
         finally:
             ctx.body = raw
         if not 200 <= answer.status < 300:
-            if pinned is not None and answer.status in (409, 422):
+            if (
+                pinned is not None
+                and answer.status in (409, 422)
+                and await self.moved(ctx, identity, target, pinned)
+            ):
                 raise StateChanged(409, "the object changed after its owner was read")
             raise StatusError(answer.status, _upstream_message(answer.status, answer.body))
         if pinned is None and answer.status == 201:
@@ -300,24 +321,13 @@ class AuthorizeStage:
             ctx.body = _held_body(ctx, await ctx.read_body(), pinned)
             ctx.read_whole_answer = True  # not sent before its status is judged
             response = await call_next(ctx)
-            if response.status in (409, 422) and await self._changed(ctx, identity, v, pinned):
+            if response.status in (409, 422) and await self.authz.moved(
+                ctx, identity, v.target, pinned
+            ):
                 raise StateChanged(409, "the object changed after its owner was read")
             return response
         finally:
             self._forget_written(ctx, identity, v)
-
-    async def _changed(
-        self, ctx: RequestContext, identity: Identity, v: Verdict, pinned: DecidedState
-    ) -> bool:
-        """Whether a write refused with 409/422 was refused because the object changed
-        since its owner was read (else the refusal is the answer: a conflict of the
-        client's own, a JSON patch that does not apply)."""
-        if v.target is None:
-            return False
-        now = await self.authz.owners.fetch(
-            self.authz.get_json, identity, v.target, ctx.request_id, fresh=True
-        )
-        return DecidedState.of(now) != pinned
 
     def _apply(self, ctx: RequestContext, identity: Identity, v: Verdict) -> None:
         """What the verdict asks of the forwarded request, in every mode."""

@@ -441,7 +441,11 @@ class QuotaStage:
                 ctx.body = body.with_state(pinned)
                 would = await self.upstream.dry_run(ctx)
                 if not 200 <= would.status < 300:
-                    if pinned is not None and would.status in body.changed_statuses:
+                    if (
+                        pinned is not None
+                        and would.status in body.changed_statuses
+                        and await self._moved(ctx, target, pinned)
+                    ):
                         raise StateChanged(409, "the object changed after it was decided on")
                     # Refused by the upstream (not found, invalid, a conflict…): that
                     # answer, and nothing forwarded, nothing reserved.
@@ -532,6 +536,18 @@ class QuotaStage:
         finally:
             if lock is not None and not settled:
                 await self._release(lock)
+
+    async def _moved(
+        self, ctx: RequestContext, target: RequestTarget, pinned: DecidedState
+    ) -> bool:
+        """Whether the object is no longer in the state an earlier stage decided on (a
+        dry run held to it refused with 409/422 for that reason, not its own)."""
+        status, now = await self.upstream.get_json(
+            target.upstream_path, ctx.identity, request_id=ctx.request_id
+        )
+        if status not in (200, 404):
+            return False  # cannot tell: the dry run's own answer stands
+        return DecidedState.of(now if status == 200 else None) != pinned
 
     def _bookable(
         self, ctx: RequestContext, obj: ObjectRef, final: Charge, reserved: Charge
