@@ -328,6 +328,12 @@ BAD_BODIES: list[tuple[str, bytes, dict[str, str], int]] = [
         400,
     ),
     ("yaml binary", b"x: !!binary aGVsbG8=\n", {"Content-Type": APPLY}, 400),
+    ("yaml recursive", b"a: &a [*a]\n", {"Content-Type": APPLY}, 400),
+    ("yaml python", b"a: !!python/object:os.system [ls]\n", {"Content-Type": APPLY}, 400),
+    ("yaml huge int", b"a: " + b"9" * 5000 + b"\n", {"Content-Type": APPLY}, 400),
+    ("yaml two docs", b"a: 1\n---\nb: 2\n", {"Content-Type": APPLY}, 400),
+    ("not utf-8", b"a: \xff\xfe\n", {"Content-Type": APPLY}, 400),
+    ("put yaml", b"a: 1", {"Content-Type": "application/yaml"}, 415),
     ("deep", b'{"a":' * 200 + b"1" + b"}" * 200, {"Content-Type": MERGE}, 400),
 ]
 
@@ -573,6 +579,20 @@ async def test_a_node_given_away_meanwhile_is_not_deleted(tmp_path: Path) -> Non
         assert stored["spec"]["owner"] == "beta"
         # acme's own node it may still delete (with or without DeleteOptions)
         node = {"metadata": {"name": "m"}, "spec": {"resource_class": "gpu", "owner": "acme"}}
+        assert (await call(url, "admin", "POST", NODES, node, "application/json"))[0] == 201
+        # bad DeleteOptions: a Status, nothing deleted; another version: 409 after retries
+        for bad, code in (
+            ([1], 400),
+            ({"preconditions": "x"}, 400),
+            ({"preconditions": {"resourceVersion": "1"}}, 409),
+            ({"preconditions": {"uid": "not-its-uid"}}, 409),
+        ):
+            status, answer = await call(url, "acme-owner", "DELETE", NODES + "/m", bad, MERGE)
+            assert (status, answer["kind"]) == (code, "Status"), (bad, answer)
+        assert (await call(url, "admin", "GET", NODES + "/m", None, MERGE))[0] == 200
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        status, answer = await call(url, "acme-owner", "DELETE", NODES + "/m", options, MERGE)
+        assert status == 200, answer
         assert (await call(url, "admin", "POST", NODES, node, "application/json"))[0] == 201
         status, answer = await call(url, "acme-owner", "DELETE", NODES + "/m", None, MERGE)
         assert status == 200, answer
