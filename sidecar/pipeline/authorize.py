@@ -202,7 +202,12 @@ class Authorizer:
         that (decide again), or else for its own reasons (its answer stands)."""
         if target is None:
             return False
-        now = await self.owners.fetch(self.get_json, identity, target, ctx.request_id, fresh=True)
+        try:
+            now = await self.owners.fetch(
+                self.get_json, identity, target, ctx.request_id, fresh=True
+            )
+        except StatusError:
+            return False  # cannot tell: the refusal stands
         return DecidedState.of(now) != pinned
 
     async def _would_become(

@@ -542,9 +542,12 @@ class QuotaStage:
     ) -> bool:
         """Whether the object is no longer in the state an earlier stage decided on (a
         dry run held to it refused with 409/422 for that reason, not its own)."""
-        status, now = await self.upstream.get_json(
-            target.upstream_path, ctx.identity, request_id=ctx.request_id
-        )
+        try:
+            status, now = await self.upstream.get_json(
+                target.upstream_path, ctx.identity, request_id=ctx.request_id
+            )
+        except StatusError:
+            return False  # cannot tell: the dry run's own answer stands
         if status not in (200, 404):
             return False  # cannot tell: the dry run's own answer stands
         return DecidedState.of(now if status == 200 else None) != pinned
