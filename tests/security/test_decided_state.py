@@ -32,6 +32,7 @@ from aiohttp import web
 
 from tests.rigs import processes
 from tests.rigs.interleave import Interleaver, real_delete, real_write
+from tests.rigs.ledgers import ledger_for_kind
 from tests.rigs.paths import ROOT
 from tests.rigs.policies import admin_policy
 from tests.rigs.quota import (
@@ -69,16 +70,17 @@ def developer_policy() -> str:
 
 @asynccontextmanager
 async def interleaved(
-    tmp: Path, policy: str = QUOTA_POLICY
+    tmp: Path,
+    policy: str = QUOTA_POLICY,
+    ledger: tuple[str, dict[str, Any]] | None = None,
 ) -> AsyncIterator[tuple[QuotaEnv, Interleaver]]:
     store = processes.start_store(tmp)
     rig = Interleaver(store.url)
+    url, extra = ledger or (f"sqlite:///{tmp / 'ledger.db'}", {})
     try:
         async with (
-            rig.running() as url,
-            quota_env(
-                tmp, f"sqlite:///{tmp / 'ledger.db'}", upstream=url, store=store, policy=policy
-            ) as env,
+            rig.running() as upstream,
+            quota_env(tmp, url, upstream=upstream, store=store, policy=policy, **extra) as env,
         ):
             yield env, rig
     finally:
@@ -135,8 +137,14 @@ def inject(step: Callable[[], Awaitable[Any]]) -> Callable[[web.Request], Awaita
     return before
 
 
-async def test_status_write_between_dry_run_and_write_is_charged(tmp_path: Path) -> None:
-    async with interleaved(tmp_path) as (env, rig):
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_status_write_between_dry_run_and_write_is_charged(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    async with interleaved(tmp_path, ledger=ledger_for_kind(kind, tmp_path, request)) as (
+        env,
+        rig,
+    ):
         await made_pod(env)
         assert await env.usage("requests.cpu") == ("100m", "0")
         rig.picks = real_write(PODS + "/p")
