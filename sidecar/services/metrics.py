@@ -324,6 +324,8 @@ class Metrics:
             self.policy_reloads.labels(result)
         for result in ("hit", "miss"):
             self.decision_cache.labels(result)
+        for op in ("reserve", "commit", "commit_change", "release", "mark_unsettled", "delete"):
+            self.ledger_errors.labels(op)
         # Process and runtime: CPU, memory, open fds, start time (process_*), the Python
         # version (python_info) and the garbage collector (python_gc_*).
         _runtime_collectors(r)
