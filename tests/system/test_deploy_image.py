@@ -36,7 +36,11 @@ LOCK = ROOT / "requirements.lock"
 DOCKERFILE = ROOT / "Dockerfile"
 REGENERATE = "regenerate it: bash deploy/requirements-lock.sh"
 # The image's platform: Linux, CPython 3.11.
-PLATFORM = {**default_environment(), "sys_platform": "linux", "platform_system": "Linux"}
+PLATFORM: dict[str, str] = {
+    **{k: str(v) for k, v in default_environment().items()},
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+}
 
 
 def _locked() -> dict[str, tuple[str, list[str], set[str]]]:
@@ -85,9 +89,9 @@ def test_the_lock_pins_every_dependency_of_pyproject_with_hashes() -> None:
             f"requirements.lock pins {req.name}=={version}, pyproject.toml asks {req}; "
             + REGENERATE
         )
-    for name, (version, hashes, _via) in locked.items():
-        assert hashes, f"{name}=={version} has no --hash"
-        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    for locked_name, (version, hashes, _via) in locked.items():
+        assert hashes, f"{locked_name}=={version} has no --hash"
+        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), locked_name
 
 
 def test_the_lock_holds_nothing_pyproject_no_longer_asks_for() -> None:
