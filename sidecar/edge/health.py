@@ -91,9 +91,19 @@ class Readiness:
             status, body = await self._get()
         return web.Response(status=status, body=body, content_type="application/json")
 
-    async def refresh(self) -> None:
-        """Evaluate the checks (or reuse a fresh evaluation), as `/readyz` would."""
-        await self._get()
+    async def run_check(self, name: str) -> bool | None:
+        """Run one check (sharing a probe still running) within its budget, as `/readyz`
+        would, and record its outcome (`last`, `sidecar_ready_check`); None when no
+        check has that name (sidecar/services/ops_metrics.py: the ledger's state)."""
+        check = next((c for c in self.checks if c.name == name), None)
+        if check is None:
+            return None
+        probe = self._probe(check)
+        await asyncio.wait([probe], timeout=self.check_seconds)
+        ok, _ = self._outcome(check, probe)
+        self.metrics.ready_check.labels(name).set(1 if ok else 0)
+        self.last = {**self.last, name: ok}
+        return ok
 
     async def _get(self) -> tuple[int, bytes]:
         cached = self._result

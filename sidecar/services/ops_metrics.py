@@ -5,10 +5,11 @@ the revision in force, and the ledger's state.
 They are read from the services' own state by `refresh()`, which the metrics run
 before every scrape and every `FLUSH_SECONDS` (`Metrics.refreshers`): reading a few
 attributes, never awaiting anything. The ledger's state needs a call to the ledger,
-so a background task evaluates the `/readyz` checks every `interval` seconds (the
-checks are single-flight with `/readyz` itself and bounded by its 1 s budget) and
-`sidecar_ledger_up` follows the `ledger` check: it stays current even where nothing
-probes `/readyz`, and `sidecar_ready_check{check}` with it.
+so a background task runs the `/readyz` check `ledger` every `interval` seconds (the
+same probe, single-flight with `/readyz` itself and bounded by its budget; a heartbeat
+write) and `sidecar_ledger_up` follows it: it stays current even where nothing probes
+`/readyz`. (Only that check: the others are read from state, and the upstream is never
+asked more often than `/readyz` asks it.) A `/readyz` evaluation updates it too.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ class OpsGauges:
             m.ledger_up.set(1 if ledger else 0)
 
     async def check(self) -> None:
-        """One evaluation of the readiness checks, then a refresh."""
-        await self.readiness.refresh()
+        """One run of the ledger's readiness check, then a refresh."""
+        await self.readiness.run_check("ledger")
         self.refresh()
 
     async def start(self) -> None:
@@ -103,5 +104,5 @@ class OpsGauges:
             except asyncio.CancelledError:
                 raise
             except Exception:  # the gauges must outlive any surprise
-                log.exception("evaluating the readiness checks for the metrics failed")
+                log.exception("checking the ledger for the metrics failed")
             await asyncio.sleep(self.interval)

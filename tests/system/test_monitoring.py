@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,9 +31,9 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.cli.launch import free_port
-from tests.rigs import paths
+from tests.rigs import paths, processes
 from tests.rigs.cluster import USERS, ClusterEnv, start_cluster, stop_cluster
-from tests.rigs.waiting import eventually
+from tests.rigs.waiting import eventually, eventually_sync
 
 MONITORING = paths.ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "alerts.yaml"
@@ -190,7 +191,7 @@ async def test_every_metric_the_dashboard_and_the_rules_use_is_exported(
         _value(samples, "sidecar_quota_refusals_total", tenant="beta", resource="configmaps") == 1
     )
     assert (_value(samples, "process_open_fds") or 0) > 0
-    assert _value(samples, "sidecar_ready_check", check="tls") == 1
+    assert _value(samples, "sidecar_ready_check", check="ledger") == 1  # with nobody probing
 
 
 async def _when(http: aiohttp.ClientSession, url: str, test: Any) -> dict[str, list[Any]] | None:
@@ -288,3 +289,65 @@ def test_the_dashboard_is_grafana_json() -> None:
         assert set(panel["gridPos"]) == {"h", "w", "x", "y"}
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
+
+
+def _scrape_sync(url: str) -> dict[str, list[Any]]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    samples: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def test_the_gauges_follow_a_ledger_outage_and_a_refused_policy(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    """What SidecarLedgerDown and SidecarPolicyReloadFailing watch: the ledger gauge goes
+    to 0 while its Redis is away and back to 1 when it comes (nobody probing /readyz),
+    the policy gauge to 0 while a broken change is refused and back to 1 when fixed; no
+    TLS here, so no certificate series (the expiry alert cannot fire on a 0)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    store = procs.store()
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    good = "kind: QuotaDefaults\nmetadata: {name: defaults}\nspec: {hard: {servers: 3}}\n"
+    (policies / "quotas.yaml").write_text(good)
+    port = free_port()
+    sidecar = procs.sidecar(
+        {
+            "upstream": store.url,
+            "policies": str(policies),
+            "ledger": f"redis://127.0.0.1:{port}/0",
+            "quota": {"gaugeIntervalSeconds": 0.2, "redisPrefix": f"h29mon{port}:"},
+            "reload": {"enabled": True, "pollSeconds": 0.2, "debounceSeconds": 0.05},
+        },
+        metrics=True,
+    )
+    url = f"http://127.0.0.1:{sidecar.extra['metrics_port']}/metrics"
+
+    def gauge(name: str, want: float) -> bool:
+        return _value(_scrape_sync(url), name) == want
+
+    eventually_sync(lambda: gauge("sidecar_ledger_up", 0), what="ledger down: 0")
+    samples = _scrape_sync(url)
+    assert "sidecar_tls_certificate_expiry_timestamp_seconds" not in samples
+    assert _value(samples, "sidecar_policy_source_ok") == 1
+    redis_proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        eventually_sync(lambda: gauge("sidecar_ledger_up", 1), within=20, what="ledger up: 1")
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(10)
+    (policies / "quotas.yaml").write_text("kind: QuotaDefaults\nspec: [broken\n")
+    eventually_sync(lambda: gauge("sidecar_policy_source_ok", 0), what="policy refused: 0")
+    (policies / "quotas.yaml").write_text(good.replace("3", "4"))
+    eventually_sync(lambda: gauge("sidecar_policy_source_ok", 1), what="policy fixed: 1")
