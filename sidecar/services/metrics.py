@@ -276,7 +276,6 @@ class Metrics:
         # Operations (sidecar/services/ops_metrics.py sets them; deploy/monitoring uses
         # them): refreshed before every scrape and every FLUSH_SECONDS by `refreshers`.
         self.refreshers: list[Callable[[], None]] = []
-        self._tls_registered = False
         self.watches_open = Gauge(
             "sidecar_watches_open",
             "Watches open now, by caller tenant.",
@@ -284,19 +283,10 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        self.tls_expiry = Gauge(
-            "sidecar_tls_certificate_expiry_timestamp_seconds",
-            "When the serving certificate expires (Unix time; its notAfter).",
-            registry=None,  # registered by `serving_tls()`: absent without TLS
-            multiprocess_mode="livemin",
-        )
-        self.tls_reload_ok = Gauge(
-            "sidecar_tls_certificate_reload_ok",
-            "0 while the last change of the certificate files was refused (the last good "
-            "pair keeps serving), else 1.",
-            registry=None,  # registered by `serving_tls()`: absent without TLS
-            multiprocess_mode="livemin",
-        )
+        # The certificate's gauges exist only once the listener serves TLS
+        # (`serving_tls()`): a 0 would read as "expired" to an alert.
+        self.tls_expiry: Gauge | None = None
+        self.tls_reload_ok: Gauge | None = None
         self.policy_source_ok = Gauge(
             "sidecar_policy_source_ok",
             "0 while the last change of the policy files was refused (the last good policy "
@@ -345,12 +335,23 @@ class Metrics:
         _runtime_collectors(scraped)
         return scraped
 
-    def serving_tls(self) -> None:
-        """The listener serves TLS: export the certificate's gauges (once)."""
-        if not self._tls_registered:
-            self._tls_registered = True
-            self.registry.register(self.tls_expiry)
-            self.registry.register(self.tls_reload_ok)
+    def serving_tls(self) -> tuple[Gauge, Gauge]:
+        """The listener serves TLS: the certificate's gauges, made on first use."""
+        if self.tls_expiry is None or self.tls_reload_ok is None:
+            self.tls_expiry = Gauge(
+                "sidecar_tls_certificate_expiry_timestamp_seconds",
+                "When the serving certificate expires (Unix time; its notAfter).",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
+            self.tls_reload_ok = Gauge(
+                "sidecar_tls_certificate_reload_ok",
+                "0 while the last change of the certificate files was refused (the last "
+                "good pair keeps serving), else 1.",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
+        return self.tls_expiry, self.tls_reload_ok
 
     def refresh(self) -> None:
         """Run the refreshers (gauges read from the services' state, cheap and sync)."""

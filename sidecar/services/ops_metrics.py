@@ -74,8 +74,9 @@ class OpsGauges:
         m.policy_source_ok.set(0 if self.policy.last_error else 1)
         m.policy_loaded.set(self.policy.loaded_at)
         if self.tls is not None:
-            m.tls_expiry.set(self.tls.current.expires.timestamp())
-            m.tls_reload_ok.set(0 if self.tls.failed else 1)
+            expiry, reload_ok = m.serving_tls()
+            expiry.set(self.tls.current.expires.timestamp())
+            reload_ok.set(0 if self.tls.failed else 1)
         ledger = self.readiness.last.get("ledger")
         if ledger is not None:
             m.ledger_up.set(1 if ledger else 0)

@@ -351,3 +351,31 @@ def test_the_gauges_follow_a_ledger_outage_and_a_refused_policy(
     eventually_sync(lambda: gauge("sidecar_policy_source_ok", 0), what="policy refused: 0")
     (policies / "quotas.yaml").write_text(good.replace("3", "4"))
     eventually_sync(lambda: gauge("sidecar_policy_source_ok", 1), what="policy fixed: 1")
+
+
+def test_with_workers_the_gauges_cover_every_worker_and_no_certificate_shows(
+    tmp_path: Path, procs: processes.Processes
+) -> None:
+    """`--workers 2` (prometheus-client's multiprocess files): the ledger, policy and
+    process series are there, and without TLS no certificate series shows (a 0 from a
+    worker's empty file would read as an expired certificate)."""
+    store = procs.store()
+    sidecar = procs.sidecar(
+        {
+            "upstream": store.url,
+            "policies": str(paths.SHIPPED_POLICIES),
+            "workers": 2,
+            "quota": {"gaugeIntervalSeconds": 0.2},
+        },
+        metrics=True,
+    )
+    url = f"http://127.0.0.1:{sidecar.extra['metrics_port']}/metrics"
+
+    def ledger_checked() -> dict[str, list[Any]] | None:
+        samples = _scrape_sync(url)
+        return samples if _value(samples, "sidecar_ledger_up") == 1 else None
+
+    samples = eventually_sync(ledger_checked, what="every worker's ledger check")
+    assert _value(samples, "sidecar_policy_source_ok") == 1
+    assert (_value(samples, "process_open_fds") or 0) > 0
+    assert not [n for n in samples if n.startswith("sidecar_tls_")]
