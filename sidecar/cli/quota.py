@@ -105,9 +105,10 @@ class Env:
 NO_CONFIG = (
     "sidecar quota: which sidecar? Give the running sidecar's config file with "
     f"--config FILE (or set {CONFIG_FILE_ENV}=FILE), e.g. "
-    "`sidecar quota list --config /etc/sidecar/config/sidecar.yaml` (in the Kubernetes "
-    "manifests: kubectl exec deploy/tenant-api -c sidecar -- sidecar quota list "
-    "--config /etc/sidecar/config/sidecar.yaml). Without one this command would open a "
+    "`sidecar quota list --config /etc/sidecar/config/sidecar.yaml`; with the shipped "
+    "Kubernetes manifests, whose sidecar container sets SIDECAR_CONFIG: "
+    "`kubectl -n tenant-api exec deploy/tenant-api -c sidecar -- sidecar quota list`. "
+    "Without one this command would open a "
     "new, empty ledger, not the one the sidecar uses; nothing was read or created."
 )
 
