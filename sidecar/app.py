@@ -69,6 +69,7 @@ from sidecar.services.codecs.kube_protobuf import offload as protobuf_offload
 from sidecar.services.identity.authenticators import build_authenticators
 from sidecar.services.identity.credentials import CredentialWatcher
 from sidecar.services.metrics import Metrics
+from sidecar.services.ops_metrics import OpsGauges
 from sidecar.services.quota.factory import open_ledger
 from sidecar.services.quota.gauges import QuotaGauges
 from sidecar.services.quota.reconcile import periodic, upstream_fetch
@@ -81,6 +82,8 @@ log = logging.getLogger("sidecar")
 # readiness checks (TLS) are registered here.
 METRICS_KEY = web.AppKey("metrics", Metrics)
 READINESS_KEY = web.AppKey("readiness", Readiness)
+# The operational gauges (sidecar/services/ops_metrics.py); the CLI adds the TLS pair.
+OPS_KEY = web.AppKey("ops_gauges", OpsGauges)
 
 
 Lifecycle = Callable[[web.Application], AsyncIterator[None]]
@@ -150,6 +153,9 @@ def build_app(config: Config) -> web.Application:
     readiness.add("audit", audit.ready)
     if credentials.files:
         readiness.add("credentials", credentials.ready)
+    ops = OpsGauges(
+        metrics, policy, upstream.watches, readiness, config.quota.gauge_interval_seconds
+    )
 
     # The order of DESIGN §1, in one place. The tenant rate limit comes right after
     # authentication: every later refusal (impersonation, concealed, forbidden, owner
@@ -199,6 +205,7 @@ def build_app(config: Config) -> web.Application:
     app[HANDLER_ARGS] = handler_args
     app[CLIENT_WRITE_TIMEOUT] = config.limits.client_write_timeout
     app[READINESS_KEY] = readiness
+    app[OPS_KEY] = ops
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)
     served_discovery = chain("authorize", discovery.served_document)
@@ -254,6 +261,7 @@ def build_app(config: Config) -> web.Application:
             ),
             _service(credentials.start, credentials.stop),
             _service(reloader.start, reloader.stop),
+            _service(ops.start, ops.stop),
             _on_sighup([lambda: reloader.request(force=True), credentials.request]),
         ]
     )
@@ -368,4 +376,4 @@ def _on_sighup(actions: Sequence[Callable[[], None]]) -> Lifecycle:
     return lifecycle
 
 
-__all__ = ["FRONT_DOOR", "HANDLER_ARGS", "METRICS_KEY", "READINESS_KEY", "build_app"]
+__all__ = ["FRONT_DOOR", "HANDLER_ARGS", "METRICS_KEY", "OPS_KEY", "READINESS_KEY", "build_app"]

@@ -172,7 +172,7 @@ def _load_tls(config: Config) -> TlsReloader | None:
 async def _run(
     app: web.Application, config: Config, reuse_port: bool, tls: TlsReloader | None = None
 ) -> None:
-    from sidecar.app import METRICS_KEY, READINESS_KEY
+    from sidecar.app import METRICS_KEY, OPS_KEY, READINESS_KEY
     from sidecar.core.redact import redact_url
     from sidecar.edge.health import build_metrics_app
     from sidecar.edge.server import CANCEL_SECONDS, FrontDoorRunner
@@ -189,6 +189,7 @@ async def _run(
 
         # A failed reload shows in /readyz but never makes it 503: the old cert serves.
         app[READINESS_KEY].add("tls", tls_ready)
+        app[OPS_KEY].serving_tls(tls)  # sidecar_tls_certificate_* on /metrics
     try:
         main = FrontDoorRunner(
             app, handle_signals=False, shutdown_timeout=CANCEL_SECONDS, access_log=None

@@ -25,6 +25,8 @@ import yaml
 from sidecar.core.redact import yaml_problem
 
 ENV_PREFIX = "SIDECAR_"
+# Names the config file for the commands that read it (`sidecar quota`); not a key.
+CONFIG_FILE_ENV = "SIDECAR_CONFIG"
 
 
 class ConfigError(ValueError):
@@ -227,6 +229,8 @@ def load_config(
         raw = loaded
     for name, value in sorted((os.environ if env is None else env).items()):
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            if name == CONFIG_FILE_ENV:
+                continue
             _set_env(raw, name, value)
     for dotted, value in (overrides or {}).items():
         _set_path(raw, dotted.split("."), value)
