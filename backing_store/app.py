@@ -357,7 +357,7 @@ class Service:
                 raise bad_request(f"limit must be a positive integer, not {text!r}")
             limit = int(text)
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         prefix = loc.prefix
         after = decode_continue(query["continue"], prefix) if query.get("continue") else None
         page = self.store.scan(
@@ -373,7 +373,7 @@ class Service:
 
     async def _watch(self, request: web.Request, loc: Loc) -> web.StreamResponse:
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         render: Render | None = None
         if table is not None:
 
@@ -780,6 +780,11 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
 
 
 __all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json", "read_target"]
+
+
+def _across_tenants(loc: Loc) -> bool:
+    """A collection of a type stored under tenants, read across every tenant."""
+    return loc.tenant is None and loc.rt.scope != CLUSTER and not loc.name
 
 
 def read_target(request: web.BaseRequest) -> RequestTarget:

@@ -59,6 +59,8 @@ from sidecar.pipeline.metrics import MetricsStage
 from sidecar.pipeline.parse import ParseStage
 from sidecar.pipeline.quota import QuotaStage, ledger_ready
 from sidecar.pipeline.ratelimit import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.pipeline.tenant_context import TenantContextStage
+from sidecar.pipeline.tenant_context import enter as enter_tenant_context
 from sidecar.pipeline.transcode import TranscodeStage
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
@@ -165,6 +167,9 @@ def build_app(config: Config) -> web.Application:
         ParseStage(config.limits.max_header_bytes),
         identity,
         TenantRateLimitStage(limiter),
+        # A `/tenants/{t}` server URL (DESIGN §3): the caller belongs to `t` or is an
+        # operator and `t` exists; else the missing tenant's 404.
+        TenantContextStage(upstream_tenant_check(upstream), conceal=config.conceal_other_tenants),
         impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
@@ -274,6 +279,7 @@ def _route_all(
     itself, with a Status body, where a method does not apply."""
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
+        request = enter_tenant_context(request)  # `/tenants/{t}/…`: the rest, in `t`
         path = request.path
         handler = exact.get(path)
         if handler is None:
