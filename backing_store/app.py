@@ -43,7 +43,7 @@ from sidecar.core.target import (
     parse_target,
 )
 
-from . import apply, baremetal, discovery, tags
+from . import apply, baremetal, discovery, eviction, tags
 from .bodies import (
     APPLY_PATCH,
     MAX_BODY_BYTES,
@@ -65,6 +65,7 @@ from .resources import (
     NAMESPACE,
     NAMESPACES,
     NODES,
+    PODS,
     SERVERS,
     TENANT,
     TENANTS,
@@ -697,6 +698,8 @@ class Service:
             return await baremetal.power(request, self.store, loc.name)
         if sub == "status" and not target.extra:
             return await self._status(request, loc)
+        if loc.rt is PODS and sub == "eviction" and not target.extra:
+            return await eviction.evict(request, loc.name, lambda: self._delete(loc))
         # Details without a name, as the API server's 404 for a path it does not serve:
         # clients tell "no such subresource" from "no such object" by that (kubectl
         # debug reads `details.name` and panics on a Status without details).
