@@ -91,7 +91,7 @@ def split_context(raw_target: str) -> Context | None:
             "(a DNS-1123 label: lower-case letters, digits and '-', at most 63 characters)"
         )
     rest = "/" + tail if slash2 else "/"
-    if slash2 and not tail:
+    if slash2 and (not tail or tail.startswith("/")):
         raise TargetError("the path has an empty segment ('//' or a trailing '/')")
     return Context(tenant, rest + sep + query)
 
