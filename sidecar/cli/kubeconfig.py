@@ -10,11 +10,12 @@ path, so this command writes, for each `--tenant T`, a cluster `T` whose server 
     kubectl --kubeconfig ~/.kube/sidecar --context acme label cm web tier=front
 
 Without `--tenant` the one context is the plain server URL (short paths mean tenant
-`default`). `--as USER --as-tenant T` adds a context `USER@T` that impersonates USER of
-tenant T: kubectl has no flag for it, only the kubeconfig's `as-user-extra: {tenant:
-[T]}` (`kubectl --as USER` alone impersonates USER of the operator's own tenant,
-`system`). The token is referenced (`tokenFile`), never copied, so rotating the file
-needs no new kubeconfig; the CA likewise (`certificate-authority`).
+`default`). `--as USER --as-tenant T [--as-group G]…` adds a context `USER@T` that
+impersonates USER of tenant T (in groups G): kubectl has no flag for the tenant, only
+the kubeconfig's `as-user-extra: {tenant: [T]}` (`kubectl --as USER` alone impersonates
+USER of the operator's own tenant, `system`). The token is referenced (`tokenFile`),
+never copied, so rotating the file needs no new kubeconfig; the CA likewise
+(`certificate-authority`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def build(
     namespace: str | None = None,
     as_user: str | None = None,
     as_tenant: str | None = None,
+    as_groups: list[str] | None = None,
 ) -> dict[str, Any]:
     """The kubeconfig document. Raises `KubeconfigError` for unusable arguments."""
     base = _server(server)
@@ -80,6 +82,8 @@ def build(
         _tenant(as_tenant, "--as-tenant")
     if as_user is not None and not as_user.strip():
         raise KubeconfigError("--as needs a user name")
+    if as_groups and as_user is None:
+        raise KubeconfigError("--as-group needs --as (kubectl impersonates groups of a user)")
 
     def cluster(name: str, url: str) -> dict[str, Any]:
         entry: dict[str, Any] = {"server": url}
@@ -106,16 +110,11 @@ def build(
         contexts.append(context("sidecar", "sidecar", USER))
     if as_user is not None and as_tenant is not None:
         name = f"{as_user}@{as_tenant}"
-        users.append(
-            {
-                "name": name,
-                "user": {
-                    "tokenFile": token,
-                    "as": as_user,
-                    "as-user-extra": {"tenant": [as_tenant]},
-                },
-            }
-        )
+        acting: dict[str, Any] = {"tokenFile": token, "as": as_user}
+        if as_groups:
+            acting["as-groups"] = list(as_groups)
+        acting["as-user-extra"] = {"tenant": [as_tenant]}
+        users.append({"name": name, "user": acting})
         contexts.append(context(name, "sidecar", name))
     return {
         "apiVersion": "v1",
@@ -144,6 +143,9 @@ def register(sub: Any) -> None:
     cmd.add_argument("--namespace", help="the contexts' namespace")
     cmd.add_argument("--as", dest="as_user", help="a context impersonating this user ...")
     cmd.add_argument("--as-tenant", help="... of this tenant (as-user-extra: {tenant: [T]})")
+    cmd.add_argument(
+        "--as-group", action="append", default=[], help="... in this group (repeatable)"
+    )
     cmd.add_argument("--output", "-o", help="write here (mode 0600) instead of stdout")
     cmd.set_defaults(func=run)
 
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             as_user=args.as_user,
             as_tenant=args.as_tenant,
+            as_groups=list(args.as_group),
         )
     except KubeconfigError as exc:
         print(f"sidecar kubeconfig: {exc}", file=sys.stderr)

@@ -62,7 +62,10 @@ class ErrorStage:
 
 
 def _shown_path(ctx: RequestContext) -> str:
-    """The path a kubectl user would pass to `--raw`: the parsed target's, tenant
-    context and short path as the client sent them."""
+    """The path a kubectl user would pass to `--raw`: the target as decided, with its
+    tenant written out (kubectl sends a `--raw` path as it is, without the context's
+    `/tenants/{t}` or a short path's tenant)."""
     target = ctx.target
+    if target is not None and target.upstream_path and target.tenant is not None:
+        return target.upstream_path
     return target.path if target is not None and target.path else ctx.request.path

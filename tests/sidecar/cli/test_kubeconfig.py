@@ -4,6 +4,7 @@ and the `as-user-extra` form that impersonates a tenant's user."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ def test_impersonating_a_tenants_user_uses_as_user_extra(tmp_path: Path) -> None
     ],
 )
 def test_bad_arguments_say_what_to_change(
-    server: str, tenants: list[str], extra: dict[str, str], says: str
+    server: str, tenants: list[str], extra: dict[str, Any], says: str
 ) -> None:
     with pytest.raises(KubeconfigError, match=says):
         build(server, "t", tenants, **extra)
