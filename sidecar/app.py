@@ -5,7 +5,8 @@ up by name. The order of the pipeline's stages is stated here and only here
 (`build_app`, the list `stages`), as in DESIGN §1:
 
     metrics → audit → errors → parse → anonymous rate limit → identity
-            → rate limit (caller's tenant) → impersonation → transcode → authorize
+            → rate limit (caller's tenant) → tenant context → impersonation
+            → transcode → authorize
             → quota → forward
 
 Each route runs a prefix of that one list in front of its own terminal:
