@@ -93,6 +93,10 @@ def split_context(raw_target: str) -> Context | None:
     rest = "/" + tail if slash2 else "/"
     if slash2 and (not tail or tail.startswith("/")):
         raise TargetError("the path has an empty segment ('//' or a trailing '/')")
+    if tail and _decoded(tail.partition("/")[0]) == "tenants":
+        # `/tenants/beta/tenants/acme/…`: one context names one tenant; the rest would
+        # otherwise be a non-resource URL naming another.
+        raise TargetError("a tenant context names one tenant: /tenants/{t} appears twice")
     return Context(tenant, rest + sep + query)
 
 

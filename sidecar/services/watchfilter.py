@@ -16,7 +16,8 @@ sidecar's side of the boundary (`OwnerListFilter.item` / `.row`):
   apiVersion, and the name, uid and resourceVersion (a Table row: the name, the other
   cells empty). Its new owner, spec and labels are another tenant's and never shown;
 - any other event for an object the tenant does not own is dropped;
-- `BOOKMARK` and `ERROR` events (a resourceVersion, a Status) pass as they are.
+- `BOOKMARK` events pass with their resourceVersion only; `ERROR` events (a Status)
+  pass as they are.
 
 Events are newline-delimited JSON (the watch framing of the API server and of the
 reference store). A line longer than `max_line_bytes`, or one that is not a JSON event,
@@ -81,6 +82,8 @@ class WatchFilter:
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise BrokenWatch("a watch event has no type")
         kind, obj = event["type"], event.get("object")
+        if kind == "BOOKMARK":  # a resourceVersion, and nothing else of any object
+            return _encode({"type": kind, "object": _bookmark(obj)})
         if kind in _PASS:
             return _encode(event)
         if not isinstance(obj, dict):
@@ -120,6 +123,15 @@ class WatchFilter:
                 "metadata": stub["metadata"],
             }
         return shown
+
+
+def _bookmark(obj: Any) -> dict[str, Any]:
+    obj = obj if isinstance(obj, dict) else {}
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    out: dict[str, Any] = {k: obj[k] for k in ("kind", "apiVersion") if isinstance(obj.get(k), str)}
+    out["metadata"] = {"resourceVersion": version} if isinstance(version, str) else {}
+    return out
 
 
 def _stub(obj: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,8 @@ def test_split_context(raw: str, expected: Context | None) -> None:
         "/tenants/acme//api",
         "/tenants/" + "a" * 64 + "/api",
         "/tenants/%zz/api",
+        "/tenants/beta/tenants/acme/api/v1/namespaces",
+        "/tenants/beta/%74enants/acme/api",
     ],
 )
 def test_a_malformed_prefix_is_a_target_error(raw: str) -> None:

@@ -74,10 +74,16 @@ def test_events_split_across_chunks_and_the_last_without_a_newline() -> None:
 
 
 def test_bookmarks_and_errors_pass() -> None:
-    bookmark = {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}}
+    bookmark = node("n2", "beta")  # a bookmark carries a resourceVersion, nothing else
     error = {"kind": "Status", "code": 410, "reason": "Expired"}
     out = plain().feed(line("BOOKMARK", bookmark) + line("ERROR", error))
-    assert [e["type"] for e in events(out)] == ["BOOKMARK", "ERROR"]
+    assert events(out) == [
+        {
+            "type": "BOOKMARK",
+            "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}},
+        },
+        {"type": "ERROR", "object": error},
+    ]
 
 
 @pytest.mark.parametrize("bad", [b"not json\n", b"[1]\n", b'{"object": {}}\n'])
