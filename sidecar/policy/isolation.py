@@ -25,7 +25,10 @@ and the quota API cannot disagree.
     may not touch from one that does not exist.
   * Users of the `system` tenant are operators: a cluster-level refusal is an honest
     403 for them (they know what exists). A target in another tenant is concealed
-    from them like from anyone (§5 names no exception).
+    from them like from anyone, except the reserved tenants `default` and `system`,
+    which always exist (§5): concealing them from a `system` identity (an operator's
+    `kubectl --as alice`, alice of tenant `system`) would answer a lie, `tenants
+    "default" not found`; the answer is an honest 403 that says who was refused.
   * The sidecar's own quota API (`quota.sidecar`) hides nothing at cluster level
     (its URLs are documented and hold no tenant's objects): 403 there, except for a
     target naming another tenant.
