@@ -269,6 +269,8 @@ class Upstream:
         loop = asyncio.get_running_loop()
         # An owner-only watch: only the events of the tenant's own objects go out.
         events = owner_watch(ctx, upstream.status, self.max_list_part) if watching else None
+        if events is not None:
+            response.headers.pop("Content-Length", None)  # filtered: its own length
         try:
             async with asyncio.timeout(None) as deadline:
                 chunk: bytes | None = None

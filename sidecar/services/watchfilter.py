@@ -20,9 +20,10 @@ sidecar's side of the boundary (`OwnerListFilter.item` / `.row`):
   pass as they are.
 
 Events are newline-delimited JSON (the watch framing of the API server and of the
-reference store). A line longer than `max_line_bytes`, or one that is not a JSON event,
-raises `BrokenWatch`: the proxy ends the watch (the client re-watches), never sends the
-line.
+reference store). A line that is not a JSON event (an upstream that answered the watch
+with a document) is dropped, as the list filter drops what is not a list item: nothing
+unchecked goes out. A line longer than `max_line_bytes` raises `BrokenWatch`: the proxy
+ends the watch (the client re-watches), never sends the line.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ class WatchFilter:
     def _event(self, line: bytes) -> bytes:
         try:
             event = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            raise BrokenWatch("a watch event is not JSON") from None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return b""  # not an event: nothing of it goes out
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise BrokenWatch("a watch event has no type")
+            return b""
         kind, obj = event["type"], event.get("object")
         if kind == "BOOKMARK":  # a resourceVersion, and nothing else of any object
             return _encode({"type": kind, "object": _bookmark(obj)})

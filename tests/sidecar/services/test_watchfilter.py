@@ -86,10 +86,15 @@ def test_bookmarks_and_errors_pass() -> None:
     ]
 
 
-@pytest.mark.parametrize("bad", [b"not json\n", b"[1]\n", b'{"object": {}}\n'])
-def test_a_line_that_is_no_event_breaks_the_watch(bad: bytes) -> None:
-    with pytest.raises(BrokenWatch):
-        plain().feed(bad)
+@pytest.mark.parametrize(
+    "bad",
+    [b"not json\n", b"[1]\n", b'{"object": {}}\n', json.dumps(node("n2", "beta")).encode()],
+)
+def test_a_line_that_is_no_event_is_dropped(bad: bytes) -> None:
+    flt = plain()
+    assert flt.feed(bad) + flt.finish() == b""
+    # and the stream goes on
+    assert events(flt.feed(line("ADDED", node("n1", "acme"))))[0]["type"] == "ADDED"
 
 
 def test_a_line_longer_than_the_limit_breaks_the_watch() -> None:
