@@ -120,13 +120,14 @@ class ReviewApi:
             v = await authz.authorize(ctx, subject, asked, read_body=False, fetch_as=identity)
             record["review"] = v.outcome
             record["reviewReason"] = v.reason.replace(ANY, "*")
-            reason = v.reason.replace(ANY, "*")
+            reason = v.reason
             if not v.allowed:
                 reason += impersonation_hint(subject)
             modes = ctx.policy.tenant_modes
             mode = mode_for(self.global_mode, modes, subject.tenant)
             if mode != ENFORCE:
                 reason += f" (mode: {describe(mode, mode_source(modes, subject.tenant), v)})"
+            reason = reason.replace(ANY, "*")  # the review's "any" as the caller wrote it
             status = {"allowed": v.allowed, "reason": policy_file_names(reason)}
             if not v.allowed:
                 status["denied"] = True
