@@ -46,7 +46,6 @@ from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
 
 __all__ = [
     "CONTEXT_KEY",
-    "PREFIX",
     "Context",
     "TenantContextStage",
     "contextual",
@@ -54,8 +53,6 @@ __all__ = [
     "in_context",
     "split_context",
 ]
-
-PREFIX = "/tenants/"
 
 
 @dataclass(frozen=True, slots=True)
