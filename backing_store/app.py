@@ -43,7 +43,7 @@ from sidecar.core.target import (
     parse_target,
 )
 
-from . import apply, baremetal, discovery, tags
+from . import apply, baremetal, discovery, eviction, tags
 from .bodies import (
     APPLY_PATCH,
     MAX_BODY_BYTES,
@@ -65,6 +65,7 @@ from .resources import (
     NAMESPACE,
     NAMESPACES,
     NODES,
+    PODS,
     SERVERS,
     TENANT,
     TENANTS,
@@ -426,7 +427,7 @@ class Service:
                 raise bad_request(f"limit must be a positive integer, not {text!r}")
             limit = int(text)
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         prefix = loc.prefix
         after = decode_continue(query["continue"], prefix) if query.get("continue") else None
         page = self.store.scan(
@@ -442,7 +443,7 @@ class Service:
 
     async def _watch(self, request: web.Request, loc: Loc) -> web.StreamResponse:
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         render: Render | None = None
         if table is not None:
 
@@ -774,6 +775,8 @@ class Service:
             return await baremetal.power(request, self.store, loc.name)
         if sub == "status" and not target.extra:
             return await self._status(request, loc)
+        if loc.rt is PODS and sub == "eviction" and not target.extra:
+            return await eviction.evict(request, loc.name, lambda: self._delete(loc))
         # Details without a name, as the API server's 404 for a path it does not serve:
         # clients tell "no such subresource" from "no such object" by that (kubectl
         # debug reads `details.name` and panics on a Status without details).
@@ -863,6 +866,11 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
 
 
 __all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json", "read_target"]
+
+
+def _across_tenants(loc: Loc) -> bool:
+    """A collection of a type stored under tenants, read across every tenant."""
+    return loc.tenant is None and loc.rt.scope != CLUSTER and not loc.name
 
 
 def read_target(request: web.BaseRequest) -> RequestTarget:

@@ -5,7 +5,8 @@ up by name. The order of the pipeline's stages is stated here and only here
 (`build_app`, the list `stages`), as in DESIGN §1:
 
     metrics → audit → errors → parse → anonymous rate limit → identity
-            → rate limit (caller's tenant) → impersonation → transcode → authorize
+            → rate limit (caller's tenant) → tenant context → impersonation
+            → transcode → authorize
             → quota → forward
 
 Each route runs a prefix of that one list in front of its own terminal:
@@ -59,6 +60,8 @@ from sidecar.pipeline.metrics import MetricsStage
 from sidecar.pipeline.parse import ParseStage
 from sidecar.pipeline.quota import QuotaStage, ledger_ready
 from sidecar.pipeline.ratelimit import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.pipeline.tenant_context import TenantContextStage
+from sidecar.pipeline.tenant_context import enter as enter_tenant_context
 from sidecar.pipeline.transcode import TranscodeStage
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
@@ -171,6 +174,9 @@ def build_app(config: Config) -> web.Application:
         ParseStage(config.limits.max_header_bytes),
         identity,
         TenantRateLimitStage(limiter),
+        # A `/tenants/{t}` server URL (DESIGN §3): the caller belongs to `t` or is an
+        # operator and `t` exists; else the missing tenant's 404.
+        TenantContextStage(upstream_tenant_check(upstream), conceal=config.conceal_other_tenants),
         impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
@@ -282,6 +288,7 @@ def _route_all(
     itself, with a Status body, where a method does not apply."""
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
+        request = enter_tenant_context(request)  # `/tenants/{t}/…`: the rest, in `t`
         path = request.path
         handler = exact.get(path)
         if handler is None:

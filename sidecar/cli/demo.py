@@ -273,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                     )
             kubeconfigs = _write_kubeconfigs(work, base, ca_file.read_bytes())
-            _print_banner(base, work, ca_file, kubeconfigs)
+            operator = _write_operator_contexts(work, base, ca_file)
+            _print_banner(base, work, ca_file, kubeconfigs, operator)
             _wait_for_stop(args.seconds, [store, sidecar])
             return 0
     finally:
@@ -281,7 +282,53 @@ def run(args: argparse.Namespace) -> int:
         print("demo stopped: backing store and sidecar are down, temporary files removed.")
 
 
-def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, Path]) -> None:
+def _write_operator_contexts(work: Path, base: str, ca_file: Path) -> Path:
+    """The operator's kubeconfig with one context per tenant (`sidecar kubeconfig`,
+    DESIGN §3) and one acting as alice of acme (`as-user-extra`)."""
+    from sidecar.cli.kubeconfig import build
+
+    token = work / "admin.token"
+    token.write_text("demo-admin")
+    token.chmod(0o600)
+    doc = build(
+        base,
+        str(token),
+        ["acme", "beta"],
+        ca_file=str(ca_file),
+        as_user="alice",
+        as_tenant="acme",
+        as_groups=["tenant-admins"],
+    )
+    path = work / "admin-tenants.kubeconfig"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+def _operator_lines(path: Path) -> list[str]:
+    k = f"kubectl --kubeconfig {path}"
+    return [
+        "",
+        "# The operator per tenant (docs/operators.md): one context each, whose server URL",
+        "# ends in /tenants/{t}, so short paths and -A mean that tenant, never 'default':",
+        f"{k} get configmaps -A --context acme",
+        f"{k} label configmap web -n default reviewed=yes --context acme",
+        f"{k} get servers --context beta",
+        "# acting as alice of acme (kubeconfig as-user-extra: {tenant: [acme]}):",
+        f"{k} auth whoami --context alice@acme",
+        "# write such a kubeconfig for your own operator token:",
+        "#   sidecar kubeconfig --server URL --token-file FILE --tenant acme --tenant beta "
+        "[--as alice --as-tenant acme]",
+    ]
+
+
+def _print_banner(
+    base: str,
+    work: Path,
+    ca_file: Path,
+    kubeconfigs: dict[str, Path],
+    operator: Path | None = None,
+) -> None:
     curl = f"curl -s --cacert {ca_file}"
     alice = f"{curl} -H 'Authorization: Bearer demo-alice'"
     dave = f"{curl} -H 'Authorization: Bearer demo-dave'"
@@ -333,6 +380,7 @@ def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, P
         f"{k_dave} get servers",
         f"{k_admin} get nodes",
         f"{k_admin} auth whoami",
+        *(_operator_lines(operator) if operator is not None else []),
         "",
         "Press Ctrl-C to stop.",
     ]

@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy_commands.register(policy.add_subparsers(dest="policy_command", required=True))
     quota = sub.add_parser("quota", help="quota defaults, limits, usage and reconcile")
     quota_commands.register(quota.add_subparsers(dest="quota_command", required=True))
+    from sidecar.cli import kubeconfig as kubeconfig_command
+
+    kubeconfig_command.register(sub)  # an operator's per-tenant contexts (DESIGN §3)
 
     args = parser.parse_args(argv)
     try:

@@ -48,6 +48,7 @@ detail goes to the log, never into the body.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -198,6 +199,8 @@ class QuotaStage:
         if target is None or identity is None or not target.resource_request:
             return await call_next(ctx)
         if target.subresource:
+            if _is_eviction(target):  # evicting deletes the pod (`kubectl drain`)
+                return await self._evicted(ctx, call_next, target)
             if target.verb in WRITE_VERBS and target.name and target.tenant:
                 tracked = _tracked_item(target)
                 if tracked is not None:
@@ -689,6 +692,23 @@ class QuotaStage:
             if deleted_something(_answer(response)):
                 self.reconciles.request(target.tenant)
 
+    async def _evicted(
+        self, ctx: RequestContext, call_next: Handler, target: RequestTarget
+    ) -> web.StreamResponse:
+        """An eviction the store accepted deleted the pod: what it was charged returns
+        as on a delete (nothing on a dry run, in the query or in `deleteOptions`)."""
+        dry = await is_dry_run_all(ctx)
+        body = await ctx.read_json() if ctx.request.body_exists else None
+        options = body.get("deleteOptions") if isinstance(body, dict) else None
+        if isinstance(options, dict) and options.get("dryRun"):
+            dry = True
+        sent_at = self.ledger.clock()
+        response = await call_next(ctx)
+        if 200 <= response.status < 300 and not dry:
+            pod = dataclasses.replace(target, verb="delete", subresource="", extra=())
+            await self._after_delete(pod, response, sent_at)
+        return response
+
     # -- dryRun=All ----------------------------------------------------------------------
 
     async def _checked_only(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
@@ -729,6 +749,17 @@ async def is_dry_run_all(ctx: RequestContext) -> bool:
                 f"{DRY_RUN_ALL!r}"
             )
     return bool(values)
+
+
+def _is_eviction(target: RequestTarget) -> bool:
+    return (
+        target.verb == "create"
+        and target.api_group == ""
+        and target.resource == "pods"
+        and target.subresource == "eviction"
+        and bool(target.name)
+        and not target.extra
+    )
 
 
 def _charge(tracked: Tracked, obj: dict[str, Any]) -> Charge:
