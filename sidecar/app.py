@@ -41,6 +41,7 @@ from aiohttp import web
 
 from sidecar.config.settings import Config
 from sidecar.edge import discovery
+from sidecar.edge.authz.app import AUTHZ_KEY, authz_marker, build_authz
 from sidecar.edge.health import Readiness, metrics_handler, probe_handler
 from sidecar.edge.proxy import Upstream
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
@@ -151,6 +152,8 @@ def build_app(config: Config) -> web.Application:
     if credentials.files:
         readiness.add("credentials", credentials.ready)
 
+    # The decision service (DESIGN §13): its "already decided" marker.
+    marker = authz_marker(config)
     # The order of DESIGN §1, in one place. The tenant rate limit comes right after
     # authentication: every later refusal (impersonation, concealed, forbidden, owner
     # lookup, access review, an undecodable body) is paid for by the caller's tenant,
@@ -164,7 +167,7 @@ def build_app(config: Config) -> web.Application:
         AnonymousRateLimitStage(limiter),
         ParseStage(config.limits.max_header_bytes),
         identity,
-        TenantRateLimitStage(limiter),
+        TenantRateLimitStage(limiter, marker.charged if marker is not None else None),
         impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
@@ -199,6 +202,10 @@ def build_app(config: Config) -> web.Application:
     app[HANDLER_ARGS] = handler_args
     app[CLIENT_WRITE_TIMEOUT] = config.limits.client_write_timeout
     app[READINESS_KEY] = readiness
+    if marker is not None:  # the decision service (DESIGN §13), served by `sidecar serve`
+        app[AUTHZ_KEY] = build_authz(
+            config, policy, stages, authorizer, identity, credentials, metrics, marker
+        )
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)
     served_discovery = chain("authorize", discovery.served_document)

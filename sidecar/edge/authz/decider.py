@@ -1,0 +1,421 @@
+"""The decider: the full proxy's decision for a request described by a front (DESIGN §13).
+
+A front (Envoy, nginx) describes the request it holds: method, raw target, the
+client's headers and address. The decider runs the proxy's own stages on that
+description, the same objects `sidecar.app.build_app` built for the proxy (metrics,
+audit, errors, the anonymous rate limit, parse, identity, the tenant rate limit on the
+same buckets, impersonation), then the decision of the authorize stage
+(`Authorizer.authorize`, with the same decision cache and owner lookup). So every
+refusal is the proxy's refusal, byte for byte: the same status, Status body and
+headers (`WWW-Authenticate`, `Retry-After`, `RateLimit-*`), the same concealing 404.
+
+An allow names a route (`sidecar.edge.authz.route`): `direct` when the front may
+forward the request itself, `proxy` when only the full proxy can do it. A `proxy`
+allow carries the "already decided" marker (`marker.py`), so the proxy does not
+charge the tenant's rate limit a second time.
+
+The hot path: an allow that is `direct` is remembered per (method, raw target,
+Authorization) for the policy snapshot, the credentials and (for a JWT) until the
+token's `exp`; a later identical description is answered from that entry after only
+the stages that must run per request: the rate limit (every request spends from its
+tenant's bucket), metrics and the audit line. Descriptions with impersonation headers
+are never answered from the cache. The answer's headers are built once per entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from aiohttp import web
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from sidecar.core.identity import Identity
+from sidecar.core.status import StatusError, bad_request
+from sidecar.core.target import RequestTarget
+from sidecar.edge.authz import route as routes
+from sidecar.edge.authz.marker import HEADER as MARKER_HEADER
+from sidecar.edge.authz.marker import Marker
+from sidecar.pipeline.authorize import Authorizer, forwarded
+from sidecar.pipeline.chain import Handler, Stage, build_chain
+from sidecar.pipeline.context import RequestContext, request_id_for
+from sidecar.pipeline.ratelimit import TenantRateLimitStage
+from sidecar.services.audit import authz_record
+
+if TYPE_CHECKING:
+    from sidecar.config.settings import Config
+    from sidecar.pipeline.identity import IdentityStage
+    from sidecar.policy.decision import Verdict
+    from sidecar.policy.source.store import PolicyStore
+    from sidecar.services.identity.credentials import CredentialWatcher
+    from sidecar.services.metrics import Metrics
+
+ROUTE_HEADER = "x-sidecar-route"
+DIRECT, PROXY = "direct", "proxy"
+# Headers a described request never carries into the decision: identity headers the
+# front's client may have sent (the decider is reached through a front, so the trusted
+# header authenticator never applies to it) and the sidecar's own answer headers.
+_DROPPED_PREFIXES = ("x-remote-", "x_remote_", "x-remote_", "x_remote-", "x-sidecar-", "x_sidecar_")
+# Identity headers the decider sees but the front must not forward on `direct`.
+_IDENTITY_LIKE = ("impersonate-", "impersonate_")
+# The audit note of a request that carried identity headers of its own.
+SPOOFED = "clientIdentityHeaders"
+# The stages of the proxy's list that the decider runs, in the proxy's order.
+DECIDER_STAGES = (
+    "metrics",
+    "audit",
+    "errors",
+    "ratelimit-anonymous",
+    "parse",
+    "identity",
+    "ratelimit",
+    "impersonation",
+)
+# What a cache hit still runs per request.
+HIT_STAGES = ("metrics", "audit", "errors", "ratelimit")
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """An allow: the route, and the headers the front sets on the forwarded request."""
+
+    route: str
+    headers: tuple[tuple[str, str], ...]
+
+
+@dataclass(slots=True)
+class Decided:
+    """The decider's answer: an allow, or the proxy's refusal as a response."""
+
+    allowed: Allowed | None
+    refusal: web.Response | None
+
+
+@dataclass(slots=True)
+class _Entry:
+    allowed: Allowed
+    response: web.Response
+    identity: Identity
+    target: RequestTarget
+    verdict: Verdict
+    policy: object
+    authenticators: object
+    expires: float | None
+    audit_authz: dict[str, object]
+
+
+class _Seen:
+    """What the audit line and the stages read of a request answered from the cache:
+    a stand-in for the described `web.Request` (method, raw target, client, headers)."""
+
+    __slots__ = ("headers", "method", "raw_path", "remote")
+
+    def __init__(
+        self, method: str, raw_path: str, remote: str, headers: CIMultiDictProxy[str]
+    ) -> None:
+        self.method = method
+        self.raw_path = raw_path
+        self.remote = remote
+        self.headers = headers
+
+
+class Decider:
+    """Decides described requests with the proxy's stages and services."""
+
+    def __init__(
+        self,
+        config: Config,
+        policy: PolicyStore,
+        stages: Sequence[Stage],
+        authorizer: Authorizer,
+        identity: IdentityStage,
+        credentials: CredentialWatcher,
+        metrics: Metrics,
+        marker: Marker,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.authorizer = authorizer
+        self.identity = identity
+        self.credentials = credentials
+        self.metrics = metrics
+        self.marker = marker
+        self.max_body = config.limits.max_body_bytes
+        self.mode = config.mode
+        by_name = {s.name: s for s in stages}
+        limiter = cast(TenantRateLimitStage, by_name["ratelimit"]).limiter
+        # The decider's own rate-limit stage, on the proxy's buckets (the proxy's one
+        # skips requests with a valid marker; the decider's always charges).
+        own: dict[str, Stage] = {**by_name, "ratelimit": TenantRateLimitStage(limiter)}
+        self._chain: Handler = build_chain([own[n] for n in DECIDER_STAGES], self._decide)
+        self._hit_chain: Handler = build_chain([own[n] for n in HIT_STAGES], self._answer_hit)
+        self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
+        self._cache_size = max(0, config.authz.cache)
+        self.strip = config.identity.strip_header_names
+
+    # -- the entry ----------------------------------------------------------------------
+
+    async def decide(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        remote: str,
+    ) -> Decided:
+        """Decide `method target` with the client's `headers`, sent from `remote`."""
+        if not target.startswith("/") or target.startswith("//"):
+            raise bad_request("the described request target must be an absolute path")
+        described = CIMultiDict[str]()
+        # Headers the upstream could act on as identity, sent by the client: such a
+        # request goes the `proxy` way (the proxy strips them; a front cannot strip by
+        # prefix), and is never answered from the cache.
+        spoofed = 0
+        strip = self.strip
+        for k, v in headers:
+            lower = k.lower()
+            if lower.startswith(_DROPPED_PREFIXES):
+                spoofed += 1
+                continue
+            if lower.startswith(_IDENTITY_LIKE) or (strip and lower.replace("_", "-") in strip):
+                spoofed += 1
+            described.add(k, v)
+        view = CIMultiDictProxy(described)
+        key = (method, target, view.get("Authorization", ""))
+        entry = self._cache.get(key) if key[2] and not spoofed else None
+        if entry is not None and self._valid(entry):
+            seen = _Seen(method, target, remote, view)
+            ctx = RequestContext(
+                request=cast(web.Request, seen),
+                request_id=request_id_for(cast(web.Request, seen)),
+                policy=entry.policy,  # type: ignore[arg-type]
+                max_body_bytes=self.max_body,
+                mode=self.mode,
+            )
+            ctx.identity = entry.identity
+            ctx.target = entry.target
+            ctx.decision = entry.verdict
+            # The entry, for the hit chain's terminal (the context has no other slot
+            # for it; no stage of that chain reads a body).
+            ctx.parsed_body = entry
+            ctx.audit["authz"] = dict(entry.audit_authz)
+            ctx.audit["decider"] = DIRECT
+            ctx.audit["authenticator"] = entry.identity.authenticator
+            ctx.response_headers = {}
+            response = await self._hit_chain(ctx)
+            return _result(response)
+        try:
+            request = described_request(method, target, described, remote)
+        except (ValueError, UnicodeEncodeError):
+            raise bad_request("the described request cannot be read") from None
+        ctx = RequestContext(
+            request=request,
+            request_id=request_id_for(request),
+            policy=self.policy.current,
+            max_body_bytes=self.max_body,
+            mode=self.mode,
+        )
+        if spoofed:
+            ctx.audit[SPOOFED] = spoofed
+        response = await self._chain(ctx)
+        decided = _result(response)
+        if decided.allowed is not None and decided.allowed.route == DIRECT and key[2]:
+            self._remember(key, ctx, decided.allowed, response, view)
+        return decided
+
+    # -- the decision (the terminal of the decider's chain) -------------------------------
+
+    async def _decide(self, ctx: RequestContext) -> web.StreamResponse:
+        request = ctx.request
+        raw = request.raw_path
+        proxy_only = routes.terminal_route(raw)
+        if proxy_only is not None:
+            # Probes, the quota API: the proxy answers these itself, deciding each call.
+            return self._allow(ctx, PROXY)
+        identity, target = ctx.authenticated(), ctx.target
+        if target is None:
+            raise bad_request("the request target could not be parsed")
+        if routes.is_review_target(target):
+            return self._allow(ctx, PROXY)
+        authz = self.authorizer
+        v = await authz.authorize(ctx, identity, target, read_body=False)
+        ctx.decision = v
+        ctx.audit["authz"] = authz_record(v)
+        label = self.metrics.tenant(identity.tenant)
+        if not v.allowed and forwarded(v, ctx.dry_run):
+            # A refusal the mode relaxes: the proxy forwards it as the verdict asks.
+            self.metrics.child(self.metrics.decisions, label, "would_deny").inc()
+            return self._allow(ctx, PROXY)
+        self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
+        if not v.allowed:
+            raise v.refusal()
+        way = routes.route_for(ctx, v, self.strip)
+        return self._allow(ctx, way)
+
+    def _allow(self, ctx: RequestContext, way: str) -> web.Response:
+        ctx.audit["decider"] = way
+        headers: list[tuple[str, str]] = [(ROUTE_HEADER, way)]
+        identity = ctx.identity
+        if way == DIRECT and identity is not None:
+            headers += identity_headers(identity)
+        if way == PROXY:
+            request = ctx.request
+            headers.append(
+                (
+                    MARKER_HEADER,
+                    self.marker.sign(
+                        request.method,
+                        request.raw_path,
+                        request.headers.get("Authorization", ""),
+                    ),
+                )
+            )
+        response = web.Response(status=200, headers=CIMultiDict(headers))
+        for name, value in ctx.response_headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    # -- the cache ------------------------------------------------------------------------
+
+    def _valid(self, entry: _Entry) -> bool:
+        if entry.policy is not self.policy.current:
+            return False
+        if entry.authenticators is not self.identity.authenticators:
+            return False
+        return entry.expires is None or time.time() < entry.expires
+
+    async def _answer_hit(self, ctx: RequestContext) -> web.StreamResponse:
+        entry = cast(_Entry, ctx.parsed_body)
+        self.metrics.child(
+            self.metrics.decisions, self.metrics.tenant(entry.identity.tenant), "allow"
+        ).inc()
+        ctx.status = 200
+        response = web.Response(status=200, headers=entry.response.headers.copy())
+        for name, value in ctx.response_headers.items():
+            response.headers[name] = value
+        return response
+
+    def _remember(
+        self,
+        key: tuple[str, str, str],
+        ctx: RequestContext,
+        allowed: Allowed,
+        response: web.StreamResponse,
+        view: CIMultiDictProxy[str],
+    ) -> None:
+        if not self._cache_size or ctx.identity is None or ctx.target is None:
+            return
+        if ctx.decision is None or ctx.decision.needs_object or _impersonates(view):
+            return  # an owner's answer may change; impersonation is decided each time
+        clean = CIMultiDict(allowed.headers)
+        stored = web.Response(status=200, headers=clean)
+        expires = self.credentials.expires_at(ctx.request, ctx.identity)
+        cache = self._cache
+        if len(cache) >= self._cache_size:
+            cache.popitem(last=False)
+        cache[key] = _Entry(
+            allowed=allowed,
+            response=stored,
+            identity=ctx.identity,
+            target=ctx.target,
+            verdict=ctx.decision,
+            policy=ctx.policy,
+            authenticators=self.identity.authenticators,
+            expires=expires,
+            audit_authz=dict(ctx.audit.get("authz") or {}),
+        )
+
+
+class _NoConnection:
+    """The connection of a described request: none (the decider never reads a body
+    nor writes an answer on it)."""
+
+    ssl_context = None
+    peername = None
+    sockname = None
+    transport = None
+    writer = None
+
+
+_NO_CONNECTION = _NoConnection()
+
+
+def described_request(
+    method: str, target: str, headers: CIMultiDict[str], remote: str
+) -> web.Request:
+    """An aiohttp request for the description: what the proxy's stages read of a
+    request (method, raw target, headers, client address), with no body."""
+    frozen = CIMultiDictProxy(headers)
+    raw = tuple((k.encode("utf-8"), v.encode("utf-8")) for k, v in headers.items())
+    message = RawRequestMessage(
+        method,
+        target,
+        HttpVersion11,
+        frozen,
+        raw,
+        False,
+        None,
+        False,
+        False,
+        URL(target, encoded=True),
+    )
+    loop = asyncio.get_running_loop()
+    return web.Request(
+        message,
+        EMPTY_PAYLOAD,
+        cast(Any, _NO_CONNECTION),
+        cast(Any, None),
+        cast(Any, asyncio.current_task()),
+        loop,
+        remote=remote,
+    )
+
+
+def identity_headers(identity: Identity) -> list[tuple[str, str]]:
+    """The identity the proxy would forward (DESIGN §4): one `x-remote-group` per group."""
+    out = [("x-remote-user", identity.user), ("x-remote-tenant", identity.tenant)]
+    out += [("x-remote-group", group) for group in identity.groups]
+    return out
+
+
+def _impersonates(headers: CIMultiDictProxy[str]) -> bool:
+    return any(name[:12].lower() in ("impersonate-", "impersonate_") for name in headers)
+
+
+_ALLOW_ONLY = frozenset({ROUTE_HEADER, "x-remote-user", "x-remote-tenant", "x-remote-group"})
+
+
+def _result(response: web.StreamResponse) -> Decided:
+    if response.status == 200 and ROUTE_HEADER in response.headers:
+        headers = tuple(
+            (k.lower(), v)
+            for k, v in response.headers.items()
+            if k.lower() in _ALLOW_ONLY or k.lower() == MARKER_HEADER
+        )
+        return Decided(Allowed(response.headers[ROUTE_HEADER], headers), None)
+    assert isinstance(response, web.Response)
+    return Decided(None, response)
+
+
+def forbid_malformed(message: str) -> StatusError:
+    """The 400 of a description the decider cannot read (never an allow)."""
+    return bad_request(message)
+
+
+Describe = Callable[[web.Request], tuple[str, str, list[tuple[str, str]], str]]
+
+__all__ = [
+    "DIRECT",
+    "PROXY",
+    "ROUTE_HEADER",
+    "Allowed",
+    "Decided",
+    "Decider",
+    "identity_headers",
+]
