@@ -112,11 +112,14 @@ def _build() -> dict[str, Any]:
         [("code", 1, _INT32, _OPTIONAL, ""), ("message", 2, _STRING, _OPTIONAL, "")],
     )
     _message(fd, "HttpStatus", [("code", 1, _INT32, _OPTIONAL, "")])
+    # google.protobuf.BoolValue (the deprecated `append` Envoy's ext_authz still reads).
+    _message(fd, "BoolValue", [("value", 1, _BOOL, _OPTIONAL, "")])
     _message(
         fd,
         "HeaderValueOption",
         [
             ("header", 1, _MSG, _OPTIONAL, p + "HeaderValue"),
+            ("append", 2, _MSG, _OPTIONAL, p + "BoolValue"),
             ("append_action", 3, _INT32, _OPTIONAL, ""),
             ("keep_empty_value", 4, _BOOL, _OPTIONAL, ""),
         ],

@@ -44,7 +44,11 @@ _CLIENT_HEADERS = frozenset(
 
 def _option(name: str, value: str, append: bool = False) -> Any:
     action = pb.APPEND_IF_EXISTS_OR_ADD if append else pb.OVERWRITE_IF_EXISTS_OR_ADD
-    return {"header": {"key": name, "value": value}, "append_action": action}
+    return {
+        "header": {"key": name, "value": value},
+        "append": {"value": append},
+        "append_action": action,
+    }
 
 
 def allow_response(decided: Decided) -> Any:

@@ -31,7 +31,7 @@ def build_handler(decider: Decider, webhook: KubernetesWebhook) -> Route:
     envoy = envoy_http.handler(decider)
     ngx = nginx.handler(decider)
     sar = kubernetes_handler(webhook)
-    envoy_prefix = envoy_http.PREFIX + "/"
+    envoy_prefix = envoy_http.PREFIX
 
     async def handle(request: web.Request) -> web.StreamResponse:
         raw = request.raw_path
