@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from sidecar.edge.authz.decider import Decider
+from sidecar.edge.authz.fastserver import Handler
 from sidecar.edge.authz.kubernetes import KubernetesWebhook
 from sidecar.edge.authz.listener import build_handler
 from sidecar.edge.authz.marker import Marker
-from sidecar.edge.server import Route
 
 if TYPE_CHECKING:
     from sidecar.config.settings import Config
@@ -31,7 +31,7 @@ class Authz:
     """What `sidecar serve` serves on `authz.listen` / `authz.grpcListen`."""
 
     decider: Decider
-    handler: Route
+    handler: Handler
 
 
 AUTHZ_KEY = web.AppKey("authz", Authz)

@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
@@ -65,6 +65,7 @@ DIRECT, PROXY = "direct", "proxy"
 _DROPPED_PREFIXES = ("x-remote-", "x_remote_", "x-remote_", "x_remote-", "x-sidecar-", "x_sidecar_")
 # Identity headers the decider sees but the front must not forward on `direct`.
 _IDENTITY_LIKE = ("impersonate-", "impersonate_")
+_SPOOFABLE = _DROPPED_PREFIXES + _IDENTITY_LIKE
 # The audit note of a request that carried identity headers of its own.
 SPOOFED = "clientIdentityHeaders"
 # The stages of the proxy's list that the decider runs, in the proxy's order.
@@ -84,10 +85,12 @@ HIT_STAGES = ("metrics", "audit", "errors", "ratelimit")
 
 @dataclass(frozen=True, slots=True)
 class Allowed:
-    """An allow: the route, and the headers the front sets on the forwarded request."""
+    """An allow: the route, and the headers the front sets on the forwarded request.
+    `wire`: its encoded answer per front, filled once by the listener."""
 
     route: str
     headers: tuple[tuple[str, str], ...]
+    wire: dict[str, bytes] = field(default_factory=dict, compare=False)
 
 
 @dataclass(slots=True)
@@ -100,7 +103,9 @@ class Decided:
 
 @dataclass(slots=True)
 class _Entry:
-    allowed: Allowed
+    decided: Decided
+    # The answer the hit chain's stages see (shared, never written: the listener
+    # writes `decided`'s pre-encoded form).
     response: web.Response
     identity: Identity
     target: RequestTarget
@@ -117,9 +122,7 @@ class _Seen:
 
     __slots__ = ("headers", "method", "raw_path", "remote")
 
-    def __init__(
-        self, method: str, raw_path: str, remote: str, headers: CIMultiDictProxy[str]
-    ) -> None:
+    def __init__(self, method: str, raw_path: str, remote: str, headers: dict[str, str]) -> None:
         self.method = method
         self.raw_path = raw_path
         self.remote = remote
@@ -172,48 +175,35 @@ class Decider:
         """Decide `method target` with the client's `headers`, sent from `remote`."""
         if not target.startswith("/") or target.startswith("//"):
             raise bad_request("the described request target must be an absolute path")
-        described = CIMultiDict[str]()
-        # Headers the upstream could act on as identity, sent by the client: such a
-        # request goes the `proxy` way (the proxy strips them; a front cannot strip by
-        # prefix), and is never answered from the cache.
-        spoofed = 0
+        # One pass for what the cache needs. Headers the upstream could act on as
+        # identity, sent by the client, make the request go the `proxy` way (the proxy
+        # strips them; a front strips by name, not by prefix) and keep it out of the
+        # cache.
+        authorization, credentials, request_id, spoofed = "", 0, "", 0
         strip = self.strip
         for k, v in headers:
             lower = k.lower()
-            if lower.startswith(_DROPPED_PREFIXES):
+            if lower == "authorization":
+                authorization, credentials = v, credentials + 1
+            elif lower == "x-request-id":
+                request_id = v
+            elif lower.startswith(_SPOOFABLE) or (strip and lower.replace("_", "-") in strip):
                 spoofed += 1
-                continue
-            if lower.startswith(_IDENTITY_LIKE) or (strip and lower.replace("_", "-") in strip):
-                spoofed += 1
-            described.add(k, v)
-        view = CIMultiDictProxy(described)
-        key = (method, target, view.get("Authorization", ""))
-        entry = self._cache.get(key) if key[2] and not spoofed else None
-        if entry is not None and self._valid(entry):
-            seen = _Seen(method, target, remote, view)
-            ctx = RequestContext(
-                request=cast(web.Request, seen),
-                request_id=request_id_for(cast(web.Request, seen)),
-                policy=entry.policy,  # type: ignore[arg-type]
-                max_body_bytes=self.max_body,
-                mode=self.mode,
-            )
-            ctx.identity = entry.identity
-            ctx.target = entry.target
-            ctx.decision = entry.verdict
-            # The entry, for the hit chain's terminal (the context has no other slot
-            # for it; no stage of that chain reads a body).
-            ctx.parsed_body = entry
-            ctx.audit["authz"] = dict(entry.audit_authz)
-            ctx.audit["decider"] = DIRECT
-            ctx.audit["authenticator"] = entry.identity.authenticator
-            ctx.response_headers = {}
-            response = await self._hit_chain(ctx)
-            return _result(response)
+        key = (method, target, authorization)
+        if credentials == 1 and not spoofed:
+            entry = self._cache.get(key)
+            if entry is not None and self._valid(entry):
+                return await self._hit(entry, method, target, remote, request_id)
+        described = CIMultiDict[str](
+            (k, v) for k, v in headers if not k.lower().startswith(_DROPPED_PREFIXES)
+        )
         try:
             request = described_request(method, target, described, remote)
         except (ValueError, UnicodeEncodeError):
             raise bad_request("the described request cannot be read") from None
+        if routes.is_probe(request.path):
+            # The proxy answers its probes without any stage: no decision, no charge.
+            return Decided(Allowed(PROXY, ((ROUTE_HEADER, PROXY),)), None)
         ctx = RequestContext(
             request=request,
             request_id=request_id_for(request),
@@ -225,9 +215,37 @@ class Decider:
             ctx.audit[SPOOFED] = spoofed
         response = await self._chain(ctx)
         decided = _result(response)
-        if decided.allowed is not None and decided.allowed.route == DIRECT and key[2]:
-            self._remember(key, ctx, decided.allowed, response, view)
+        if decided.allowed is not None and decided.allowed.route == DIRECT:
+            if credentials == 1 and not spoofed:
+                self._remember(key, ctx, decided)
         return decided
+
+    async def _hit(
+        self, entry: _Entry, method: str, target: str, remote: str, request_id: str
+    ) -> Decided:
+        """A cached direct allow: charged, counted and audited like any request."""
+        seen = _Seen(method, target, remote, {"X-Request-Id": request_id} if request_id else {})
+        request = cast(web.Request, seen)
+        ctx = RequestContext(
+            request=request,
+            request_id=request_id_for(request),
+            policy=entry.policy,  # type: ignore[arg-type]
+            max_body_bytes=self.max_body,
+            mode=self.mode,
+        )
+        ctx.identity = entry.identity
+        ctx.target = entry.target
+        ctx.decision = entry.verdict
+        # The entry, for the hit chain's terminal (the context has no other slot for
+        # it; no stage of that chain reads a body).
+        ctx.parsed_body = entry
+        ctx.audit["authenticator"] = entry.identity.authenticator
+        ctx.audit["authz"] = entry.audit_authz
+        ctx.audit["decider"] = DIRECT
+        response = await self._hit_chain(ctx)
+        if response is entry.response:
+            return entry.decided
+        return _result(response)
 
     # -- the decision (the terminal of the decider's chain) -------------------------------
 
@@ -292,39 +310,28 @@ class Decider:
 
     async def _answer_hit(self, ctx: RequestContext) -> web.StreamResponse:
         entry = cast(_Entry, ctx.parsed_body)
-        self.metrics.child(
-            self.metrics.decisions, self.metrics.tenant(entry.identity.tenant), "allow"
-        ).inc()
+        metrics = self.metrics
+        metrics.child(metrics.decisions, metrics.tenant(entry.identity.tenant), "allow").inc()
         ctx.status = 200
-        response = web.Response(status=200, headers=entry.response.headers.copy())
-        for name, value in ctx.response_headers.items():
-            response.headers[name] = value
-        return response
+        return entry.response
 
-    def _remember(
-        self,
-        key: tuple[str, str, str],
-        ctx: RequestContext,
-        allowed: Allowed,
-        response: web.StreamResponse,
-        view: CIMultiDictProxy[str],
-    ) -> None:
+    def _remember(self, key: tuple[str, str, str], ctx: RequestContext, decided: Decided) -> None:
         if not self._cache_size or ctx.identity is None or ctx.target is None:
             return
-        if ctx.decision is None or ctx.decision.needs_object or _impersonates(view):
+        v = ctx.decision
+        if v is None or v.needs_object or ctx.identity.impersonated_by is not None:
             return  # an owner's answer may change; impersonation is decided each time
-        clean = CIMultiDict(allowed.headers)
-        stored = web.Response(status=200, headers=clean)
+        assert decided.allowed is not None
         expires = self.credentials.expires_at(ctx.request, ctx.identity)
         cache = self._cache
         if len(cache) >= self._cache_size:
             cache.popitem(last=False)
         cache[key] = _Entry(
-            allowed=allowed,
-            response=stored,
+            decided=decided,
+            response=web.Response(status=200, headers=CIMultiDict(decided.allowed.headers)),
             identity=ctx.identity,
             target=ctx.target,
-            verdict=ctx.decision,
+            verdict=v,
             policy=ctx.policy,
             authenticators=self.identity.authenticators,
             expires=expires,
@@ -382,10 +389,6 @@ def identity_headers(identity: Identity) -> list[tuple[str, str]]:
     out = [("x-remote-user", identity.user), ("x-remote-tenant", identity.tenant)]
     out += [("x-remote-group", group) for group in identity.groups]
     return out
-
-
-def _impersonates(headers: CIMultiDictProxy[str]) -> bool:
-    return any(name[:12].lower() in ("impersonate-", "impersonate_") for name in headers)
 
 
 _ALLOW_ONLY = frozenset({ROUTE_HEADER, "x-remote-user", "x-remote-tenant", "x-remote-group"})

@@ -3,7 +3,7 @@ and the client's address (DESIGN §13)."""
 
 from __future__ import annotations
 
-from aiohttp import web
+from sidecar.edge.authz.fastserver import Question
 
 # Headers of the front's own call to the decider, never the client's request's.
 _HOP = frozenset(
@@ -25,21 +25,24 @@ _HOP = frozenset(
 )
 
 
-def client_headers(request: web.Request) -> list[tuple[str, str]]:
+def client_headers(question: Question) -> list[tuple[str, str]]:
     """The client's headers as the front passed them on."""
-    return [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+    return [(k, v) for k, v in question.headers if k.lower() not in _HOP]
 
 
-def client_address(request: web.Request) -> str:
+def client_address(question: Question) -> str:
     """The client's address: `X-Original-Remote-Addr` (nginx's generated config sets it
     from `$remote_addr`), else the last `X-Forwarded-For` entry (Envoy's generated
     config appends the peer's address, `use_remote_address`), else the front's own."""
-    given = request.headers.get("X-Original-Remote-Addr")
-    if given:
-        return given.strip()
-    forwarded = request.headers.getall("X-Forwarded-For", ())
+    forwarded = ""
+    for name, value in question.headers:
+        lower = name.lower()
+        if lower == "x-original-remote-addr" and value.strip():
+            return value.strip()
+        if lower == "x-forwarded-for":
+            forwarded = value
     if forwarded:
-        last = forwarded[-1].rsplit(",", 1)[-1].strip()
+        last = forwarded.rsplit(",", 1)[-1].strip()
         if last:
             return last
-    return request.remote or "unknown"
+    return question.remote or "unknown"

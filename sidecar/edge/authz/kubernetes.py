@@ -21,12 +21,16 @@ import json
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from sidecar.core.identity import Identity, printable
 from sidecar.core.status import StatusError, bad_request
 from sidecar.core.target import is_dns1123_label
+from sidecar.edge.authz.answers import response_bytes
+from sidecar.edge.authz.decider import described_request
+from sidecar.edge.authz.fastserver import Handler as Answerer
+from sidecar.edge.authz.fastserver import Question
 from sidecar.edge.reviews import review_target
-from sidecar.edge.server import Route
 from sidecar.pipeline.chain import Handler, Stage, build_chain
 from sidecar.pipeline.context import RequestContext, request_id_for
 from sidecar.policy.source.store import PolicyStore
@@ -91,14 +95,21 @@ class KubernetesWebhook:
             [stages["metrics"], stages["audit"], stages["errors"]], self._answer
         )
 
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
+    async def __call__(self, question: Question) -> bytes:
+        headers = CIMultiDict[str](question.headers)
+        request = described_request(question.method, PATH, headers, question.remote)
         ctx = RequestContext(
             request=request,
             request_id=request_id_for(request),
             policy=self.policy.current,
             max_body_bytes=min(self.max_body, MAX_REVIEW_BYTES),
         )
-        return await self.chain(ctx)
+        if len(question.body) > ctx.max_body_bytes:
+            raise StatusError(413, "the review is too large")
+        ctx.body = question.body
+        response = await self.chain(ctx)
+        assert isinstance(response, web.Response)
+        return response_bytes(response)
 
     async def _answer(self, ctx: RequestContext) -> web.StreamResponse:
         if ctx.request.method != "POST":
@@ -130,8 +141,5 @@ class KubernetesWebhook:
         )
 
 
-def handler(webhook: KubernetesWebhook) -> Route:
-    async def review(request: web.Request) -> web.StreamResponse:
-        return await webhook(request)
-
-    return review
+def handler(webhook: KubernetesWebhook) -> Answerer:
+    return webhook.__call__

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
-from multidict import CIMultiDict
-
 from sidecar.core.status import StatusError, bad_request
 from sidecar.edge.authz.decider import Decided, Decider
 from sidecar.edge.authz.describe import client_address, client_headers
+from sidecar.edge.authz.fastserver import Handler, Question, encode
 from sidecar.edge.authz.marker import Marker
-from sidecar.edge.server import Route
 
 PREFIX = "/nginx"
 DENIED = "/nginx/denied"
@@ -46,18 +43,17 @@ _KEEP = (
 )
 
 
-def answer(decided: Decided, marker: Marker) -> web.Response:
-    if decided.allowed is not None:
-        headers = CIMultiDict[str]()
-        groups: list[str] = []
-        for name, value in decided.allowed.headers:
-            if name == "x-remote-group":
-                groups.append(value)
-            else:
-                headers.add(name, value)
-        if groups:
-            headers["x-remote-group"] = ",".join(groups)
-        return web.Response(status=204, headers=headers)
+def answer(decided: Decided, marker: Marker) -> bytes:
+    allowed = decided.allowed
+    if allowed is not None:
+        wire = allowed.wire.get("nginx")
+        if wire is None:
+            sent = [(k, v) for k, v in allowed.headers if k != "x-remote-group"]
+            groups = [v for k, v in allowed.headers if k == "x-remote-group"]
+            if groups:
+                sent.append(("x-remote-group", ",".join(groups)))
+            wire = allowed.wire["nginx"] = encode(204, sent)
+        return wire
     refusal = decided.refusal
     assert refusal is not None
     body = refusal.body if isinstance(refusal.body, bytes) else b""
@@ -67,43 +63,43 @@ def answer(decided: Decided, marker: Marker) -> web.Response:
         separators=(",", ":"),
     ).encode()
     status = 401 if refusal.status == 401 else 403
-    headers = CIMultiDict[str]()
+    headers: list[tuple[str, str]] = []
     if status == 401 and "WWW-Authenticate" in refusal.headers:
-        headers["WWW-Authenticate"] = refusal.headers["WWW-Authenticate"]
-    headers[DECISION_STATUS] = str(refusal.status)
-    headers[DECISION] = marker.seal(payload)
-    return web.Response(status=status, headers=headers)
+        headers.append(("WWW-Authenticate", refusal.headers["WWW-Authenticate"]))
+    headers.append((DECISION_STATUS, str(refusal.status)))
+    headers.append((DECISION, marker.seal(payload)))
+    return encode(status, headers)
 
 
-def replay(request: web.Request, marker: Marker) -> web.Response:
+def replay(question: Question, marker: Marker) -> bytes:
     """`/nginx/denied`: the refusal `x-decision` carries, exactly."""
-    sealed = request.headers.get(DECISION, "")
+    sealed = question.header(DECISION) or ""
     payload = marker.unseal(sealed) if sealed else None
     if payload is None:
         raise StatusError(403, "the request was refused (no decision to show)")
     try:
         doc = json.loads(payload)
         status, kept, body = int(doc["s"]), doc["h"], str(doc["b"]).encode()
-        headers = CIMultiDict[str]((str(k), str(v)) for k, v in kept)
+        replayed = [(str(k), str(v)) for k, v in kept]
     except (ValueError, KeyError, TypeError):
         raise StatusError(403, "the request was refused (no decision to show)") from None
-    return web.Response(status=status, body=body, headers=headers)
+    return encode(status, replayed, body)
 
 
-def handler(decider: Decider) -> Route:
+def handler(decider: Decider) -> Handler:
     marker = decider.marker
 
-    async def check(request: web.Request) -> web.StreamResponse:
-        if request.raw_path.partition("?")[0] == DENIED:
-            return replay(request, marker)
-        method = request.headers.get("X-Original-Method", "")
-        target = request.headers.get("X-Original-URI", "")
+    async def check(question: Question) -> bytes:
+        if question.target.partition("?")[0] == DENIED:
+            return replay(question, marker)
+        method = question.header("x-original-method") or ""
+        target = question.header("x-original-uri") or ""
         if not method or not target:
             raise bad_request("an nginx check needs X-Original-Method and X-Original-URI")
         if not method.isalpha() or not method.isupper():
             raise bad_request("X-Original-Method is not an HTTP method")
         decided = await decider.decide(
-            method, target, client_headers(request), client_address(request)
+            method, target, client_headers(question), client_address(question)
         )
         return answer(decided, marker)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
 from sidecar.config.settings import Config
 from sidecar.edge.authz.app import AUTHZ_KEY
-from sidecar.edge.server import CANCEL_SECONDS, HANDLER_ARGS
+from sidecar.edge.authz.fastserver import FastServer
 
 log = logging.getLogger("sidecar.authz")
 
@@ -30,14 +30,10 @@ async def serve_authz(app: web.Application, config: Config, reuse_port: bool) ->
     if authz is None:
         return runners
     if config.authz.listen:
-        given: dict[str, Any] | None = app.get(HANDLER_ARGS)
-        args: dict[str, Any] = dict(given or {})
-        server = web.Server(authz.handler, access_log=None, **args)  # type: ignore[arg-type]
-        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=CANCEL_SECONDS)
-        await runner.setup()
-        runners.append(runner)
         host, port = _host_port(config.authz.listen)
-        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
+        server = FastServer(authz.handler, host, port, reuse_port)
+        await server.start()
+        runners.append(server)
         log.info(
             "decision service (Envoy /envoy, nginx /nginx, Kubernetes /kubernetes) on %s",
             config.authz.listen,
