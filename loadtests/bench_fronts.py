@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
                     )
                     cpu0 = cpu_seconds(watched.proc.pid) if watched is not None else 0.0
                     wall0 = time.monotonic()
-                    rps, p50, p99, n, errs = run_wrk(
+                    rps, p50, p99, _n, errs = run_wrk(
                         stack.work, base, "GET", PATH, seconds, conc, tag, TOKEN
                     )
                     wall = time.monotonic() - wall0

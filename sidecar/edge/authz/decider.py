@@ -41,8 +41,10 @@ from sidecar.core.identity import Identity
 from sidecar.core.status import StatusError, bad_request
 from sidecar.core.target import RequestTarget
 from sidecar.edge.authz import route as routes
+from sidecar.edge.authz.hit_audit import HitAuditStage, HitLine
 from sidecar.edge.authz.marker import HEADER as MARKER_HEADER
 from sidecar.edge.authz.marker import Marker
+from sidecar.pipeline.audit import AuditStage
 from sidecar.pipeline.authorize import Authorizer, forwarded
 from sidecar.pipeline.chain import Handler, Stage, build_chain
 from sidecar.pipeline.context import RequestContext, request_id_for
@@ -114,6 +116,7 @@ class _Entry:
     authenticators: object
     expires: float | None
     audit_authz: dict[str, object]
+    audit_line: HitLine
 
 
 class _Seen:
@@ -158,7 +161,9 @@ class Decider:
         # skips requests with a valid marker; the decider's always charges).
         own: dict[str, Stage] = {**by_name, "ratelimit": TenantRateLimitStage(limiter)}
         self._chain: Handler = build_chain([own[n] for n in DECIDER_STAGES], self._decide)
-        self._hit_chain: Handler = build_chain([own[n] for n in HIT_STAGES], self._answer_hit)
+        audit = cast(AuditStage, by_name["audit"]).audit
+        hit = {**own, "audit": HitAuditStage(audit)}
+        self._hit_chain: Handler = build_chain([hit[n] for n in HIT_STAGES], self._answer_hit)
         self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
         self._cache_size = max(0, config.authz.cache)
         self.strip = config.identity.strip_header_names
@@ -323,6 +328,7 @@ class Decider:
             return  # an owner's answer may change; impersonation is decided each time
         assert decided.allowed is not None
         expires = self.credentials.expires_at(ctx.request, ctx.identity)
+        authz = dict(ctx.audit.get("authz") or {})
         cache = self._cache
         if len(cache) >= self._cache_size:
             cache.popitem(last=False)
@@ -335,7 +341,13 @@ class Decider:
             policy=ctx.policy,
             authenticators=self.identity.authenticators,
             expires=expires,
-            audit_authz=dict(ctx.audit.get("authz") or {}),
+            audit_authz=authz,
+            audit_line=HitLine(
+                ctx.identity,
+                ctx.target,
+                v,
+                {"authenticator": ctx.identity.authenticator, "authz": authz, "decider": DIRECT},
+            ),
         )
 
 
