@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
+    demo.add_argument(
+        "--front",
+        choices=["envoy", "nginx"],
+        default=None,
+        help="serve the demo behind Envoy or nginx deciding with the decision service",
+    )
     demo.set_defaults(func=_demo)
 
     from sidecar.cli import policy as policy_commands

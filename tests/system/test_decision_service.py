@@ -143,8 +143,7 @@ SPOOFS: list[dict[str, str]] = [
     {"x-sidecar-decided": "9999999999." + "0" * 64},
 ]
 IDENTITIES = [None, "not-a-token", "admin", "alice", "bob", "carol", "dave", "erin"]
-# Requests that only the proxy may forward (their corpus tags).
-PROXY_ONLY: set[str] = set()
+REFUSAL_HEADERS = ("www-authenticate", "content-type")
 
 
 async def _call(
@@ -256,10 +255,18 @@ async def test_every_front_answers_as_the_proxy(
     for n, (method, target, token, extra, body) in enumerate(_corpus()):
         answers = {}
         for name, base in fronts.entrances.items():
-            status, data, _ = await _call(
+            status, data, headers = await _call(
                 http, base, method, target, token, extra, body, tag=f"{n}-{name}"
             )
-            answers[name] = (status, data)
+            # A refusal's headers too: the challenge once, the Status's media type (not
+            # for HEAD: Envoy drops the Content-Type of an answer without a body).
+            compared = ("www-authenticate",) if method == "HEAD" else REFUSAL_HEADERS
+            kept = sorted(
+                (k.lower(), v.partition(";")[0])
+                for k, v in headers.items()
+                if status >= 400 and k.lower() in compared
+            )
+            answers[name] = (status, data, kept)
         want = answers["proxy"]
         assert want[0] < 500, (method, target, token, want)
         for name, got in answers.items():

@@ -63,10 +63,9 @@ def answer(decided: Decided, marker: Marker) -> bytes:
         separators=(",", ":"),
     ).encode()
     status = 401 if refusal.status == 401 else 403
-    headers: list[tuple[str, str]] = []
-    if status == 401 and "WWW-Authenticate" in refusal.headers:
-        headers.append(("WWW-Authenticate", refusal.headers["WWW-Authenticate"]))
-    headers.append((DECISION_STATUS, str(refusal.status)))
+    # No WWW-Authenticate here: nginx would copy it to the client and the replay
+    # (`/nginx/denied`) sends the proxy's own, so the client would get two.
+    headers: list[tuple[str, str]] = [(DECISION_STATUS, str(refusal.status))]
     headers.append((DECISION, marker.seal(payload)))
     return encode(status, headers)
 
