@@ -36,6 +36,8 @@ ENVOY_ASKS = (
 ENVOY_ASKS_PREFIXES = ("x-remote-", "impersonate-", "x-sidecar-")
 # What an allow sets on the forwarded request (replacing the client's values).
 ENVOY_SETS = ("x-sidecar-route", "x-sidecar-decided", "x-remote-user", "x-remote-tenant")
+# The identity headers the proxy's trusted-header authenticator reads.
+IDENTITY_HEADERS = ("x-remote-user", "x-remote-tenant", "x-remote-group")
 # What a refusal passes to the client besides its status and body.
 REFUSAL_HEADERS = (
     "content-type",
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.front == "envoy":
         print(envoy_config(listen, upstream, authz, proxy, strip, grpc))
     else:
-        print(nginx_config(listen, upstream, authz, proxy, strip))
+        print(nginx_config(listen, upstream, authz, proxy, strip, args.prefix))
     return 0
 
 
@@ -195,7 +197,9 @@ def envoy_config(
     to_proxy = {
         "match": {"prefix": "/"},
         "route": {"cluster": "sidecar_proxy", "timeout": "0s"},
-        "request_headers_to_remove": ["x-sidecar-route"],
+        # The client's own identity headers never reach the proxy either (its trusted
+        # header authenticator, when enabled for loopback, would read them).
+        "request_headers_to_remove": ["x-sidecar-route", *IDENTITY_HEADERS],
     }
     hcm = {
         "@type": _T + "filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -251,7 +255,8 @@ def envoy_config(
 
 NGINX = """\
 # nginx in front of the API, deciding every request with the sidecar's decision
-# service (docs/decision-service.md). Run: nginx -p PREFIX -c FILE -g 'daemon off;'
+# service (docs/decision-service.md). Every path is relative to the prefix; run as any
+# user:  nginx -p {prefix} -c nginx.conf -g 'daemon off;'
 worker_processes 1;
 pid nginx.pid;
 error_log stderr warn;
@@ -354,6 +359,7 @@ def nginx_config(
     authz: tuple[str, int],
     proxy: tuple[str, int],
     strip: tuple[str, ...] = (),
+    prefix: str = ".",
 ) -> str:
     """nginx's config. Every header name in `strip` is seen by the decider (nginx passes
     all of them to `auth_request`), which routes such a request to the proxy."""
@@ -364,4 +370,5 @@ def nginx_config(
         proxy=f"{proxy[0]}:{proxy[1]}",
         authz=f"{authz[0]}:{authz[1]}",
         unavailable=_STATUS_503,
+        prefix=prefix,
     )
