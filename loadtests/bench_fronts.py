@@ -57,6 +57,29 @@ http {{
 """
 
 
+STATIC = """\
+worker_processes 1;
+pid nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path body_temp; proxy_temp_path proxy_temp;
+    fastcgi_temp_path fastcgi_temp; uwsgi_temp_path uwsgi_temp; scgi_temp_path scgi_temp;
+    server {{
+        listen {listen};
+        default_type application/json;
+        location / {{ return 200 '{body}'; }}
+    }}
+}}
+"""
+
+
+STATIC_BODY = (
+    '{"kind":"Server","apiVersion":"compute/v1","metadata":{"name":"web-0",'
+    '"tenant":"acme","namespace":"dev"},"spec":{"flavor":"m1.small"}}'
+)
+
+
 def envoy_alone(listen: int, store: int) -> str:
     """The generated config with the ext_authz filter taken out and every route to the
     store: Envoy's own cost, the anchor."""
@@ -81,6 +104,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--out", default="loadtests/results")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument(
+        "--static-upstream",
+        action="store_true",
+        help="an nginx answering a fixed object instead of the store (the store's own "
+        "ceiling out of the way: what the fronts and the sidecar cost)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +119,28 @@ def main(argv: list[str]) -> int:
         store = stack.start_store()
         seed_tenant(store.url, TENANT, NAMESPACE)
         seed_server(store.url, TENANT, "web-0", NAMESPACE)
+        if args.static_upstream:
+            sport = free_port()
+            prefix = stack.work / "static"
+            prefix.mkdir(exist_ok=True)
+            (prefix / "nginx.conf").write_text(
+                STATIC.format(listen=f"{HOST}:{sport}", body=STATIC_BODY)
+            )
+            store = stack.start_command(
+                "static",
+                [
+                    nginx_binary(),
+                    "-p",
+                    str(prefix),
+                    "-c",
+                    "nginx.conf",
+                    "-e",
+                    "stderr",
+                    "-g",
+                    "daemon off;",
+                ],
+                sport,
+            )
         policies = bench_policies(stack)
         tokens = stack.write_tokens(
             [{"token": TOKEN, "user": "alice", "tenant": TENANT, "groups": ["developers"]}]
@@ -215,9 +266,11 @@ def summary(
 
     load = f"c{args.concurrency}"
     lines = [
-        f"decision service benchmark: wrk, {args.rounds} rounds x {args.seconds:g} s, "
+        f"decision service benchmark{' (static upstream)' if args.static_upstream else ''}: "
+        f"wrk, {args.rounds} rounds x {args.seconds:g} s, "
         f"{args.concurrency} connections (c1: one), medians; {elapsed:.0f} s",
-        f"{'path':16} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'c1 p50':>7} {'cores':>6} errors",
+        f"{'path':16} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'c1 p50':>7} {'cores':>6} "
+        f"{'us/req':>6} errors",
     ]
     names = sorted(
         {n for n, _ in rows}, key=lambda n: list(dict.fromkeys(n for n, _ in rows)).index(n)
@@ -226,7 +279,8 @@ def summary(
         errs = sum(r[3] for r in rows[(name, load)]) + sum(r[3] for r in rows[(name, "c1")])
         lines.append(
             f"{name:16} {med(name, load, 0):9.0f} {med(name, load, 1):7.2f} "
-            f"{med(name, load, 2):7.2f} {med(name, 'c1', 1):7.2f} {med(name, load, 4):6.2f} {errs}"
+            f"{med(name, load, 2):7.2f} {med(name, 'c1', 1):7.2f} {med(name, load, 4):6.2f} "
+            f"{med(name, load, 4) * 1e6 / max(med(name, load, 0), 1):6.0f} {errs}"
         )
     ratio = med("envoy+decider", load, 0) / med("proxy", load, 0)
     p50_ratio = med("envoy+decider", "c1", 1) / med("envoy alone", "c1", 1)
