@@ -117,6 +117,8 @@ class _Entry:
     expires: float | None
     audit_authz: dict[str, object]
     audit_line: HitLine
+    # The mode in force for the caller's tenant (a TenantMode may make it dry-run).
+    mode: str
 
 
 class _Seen:
@@ -236,7 +238,7 @@ class Decider:
             request_id=request_id_for(request),
             policy=entry.policy,  # type: ignore[arg-type]
             max_body_bytes=self.max_body,
-            mode=self.mode,
+            mode=entry.mode,
         )
         ctx.identity = entry.identity
         ctx.target = entry.target
@@ -342,6 +344,7 @@ class Decider:
             authenticators=self.identity.authenticators,
             expires=expires,
             audit_authz=authz,
+            mode=ctx.mode,
             audit_line=HitLine(
                 ctx.identity,
                 ctx.target,

@@ -258,3 +258,41 @@ async def test_listener_malformed_questions(rig: Rig) -> None:
     ):
         answer = await rig.handler(question)
         assert answer.startswith(b"HTTP/1.1 400"), (question, answer[:80])
+
+
+async def test_cached_allow_keeps_the_tenants_mode(tmp_path: Path) -> None:
+    """A tenant in dry-run: its cached reads over the rate limit are counted, not
+    refused, as the first (uncached) one was decided."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "test.yaml").write_text(
+        TEST_POLICY
+        + "---\nkind: TenantMode\nmetadata: {name: acme}\nspec: {tenant: acme, mode: dry-run}\n"
+        + "---\nkind: RateLimit\nmetadata: {name: acme}\nspec: {tenant: acme, rate: 0.001, burst: 1}\n"
+    )
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump(TOKENS))
+    config = load_config(
+        None,
+        env={},
+        overrides={
+            "upstream": "http://127.0.0.1:9",
+            "policies": str(policies),
+            "ledger": f"sqlite:///{tmp_path / 'ledger.db'}",
+            "audit.path": str(tmp_path / "audit.log"),
+            "reload.enabled": False,
+            "identity.tokenFile": str(tokens),
+            "authz.listen": "127.0.0.1:1",
+        },
+    )
+    app = build_app(config)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        decider = app[AUTHZ_KEY].decider
+        sent = [("Authorization", "Bearer alice")]
+        answers = [await decider.decide("GET", CM, sent, "10.0.0.1") for _ in range(4)]
+        assert all(a.allowed is not None for a in answers), answers
+        assert len(decider._cache) == 1
+    finally:
+        await runner.cleanup()
