@@ -145,9 +145,9 @@ def main(argv: list[str]) -> int:
         tokens = stack.write_tokens(
             [{"token": TOKEN, "user": "alice", "tenant": TENANT, "groups": ["developers"]}]
         )
-        authz_port = free_port()
+        authz_port, grpc_port = free_port(), free_port()
         config: dict[str, Any] = sidecar_config(stack, store, policies, tokens)
-        config["authz"] = {"listen": f"{HOST}:{authz_port}"}
+        config["authz"] = {"listen": f"{HOST}:{authz_port}", "grpcListen": f"{HOST}:{grpc_port}"}
         sidecar = stack.start_sidecar(config)
         authz_url = f"http://{HOST}:{authz_port}"
         envoy_bin = envoy_binary()
@@ -200,6 +200,17 @@ def main(argv: list[str]) -> int:
                 (HOST, port), (HOST, store.port), (HOST, authz_port), (HOST, sidecar.port)
             ),
         )
+        with_grpc = start_envoy(
+            "envoy-grpc-decider",
+            lambda port: envoy_config(
+                (HOST, port),
+                (HOST, store.port),
+                (HOST, authz_port),
+                (HOST, sidecar.port),
+                (),
+                (HOST, grpc_port),
+            ),
+        )
         nport, nport2 = free_port(), free_port()
         nginx_alone = start_nginx(
             "nginx-alone",
@@ -218,6 +229,7 @@ def main(argv: list[str]) -> int:
             ("envoy alone", alone.url, alone),
             ("proxy", sidecar.url, sidecar),
             ("envoy+decider", with_decider.url, sidecar),
+            ("envoy-grpc+dec", with_grpc.url, sidecar),
             ("nginx alone", nginx_alone.url, nginx_alone),
             ("nginx+decider", nginx_decider.url, sidecar),
             ("decider alone", authz_url + "/envoy", sidecar),

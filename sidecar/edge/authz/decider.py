@@ -81,6 +81,11 @@ DECIDER_STAGES = (
     "ratelimit",
     "impersonation",
 )
+# Only keys up to these lengths are cached, so the cache holds at most about
+# `authz.cache` x 2.5 KiB of keys whatever callers send (a long target or token is
+# decided every time, as the parse stage's cache does).
+MAX_CACHED_TARGET = 512
+MAX_CACHED_CREDENTIAL = 2048
 # What a cache hit still runs per request.
 HIT_STAGES = ("metrics", "audit", "errors", "ratelimit")
 
@@ -197,7 +202,13 @@ class Decider:
             elif lower.startswith(_SPOOFABLE) or (strip and lower.replace("_", "-") in strip):
                 spoofed += 1
         key = (method, target, authorization)
-        if credentials == 1 and not spoofed:
+        cacheable = (
+            credentials == 1
+            and not spoofed
+            and len(target) <= MAX_CACHED_TARGET
+            and len(authorization) <= MAX_CACHED_CREDENTIAL
+        )
+        if cacheable:
             entry = self._cache.get(key)
             if entry is not None and self._valid(entry):
                 return await self._hit(entry, method, target, remote, request_id)
@@ -222,9 +233,8 @@ class Decider:
             ctx.audit[SPOOFED] = spoofed
         response = await self._chain(ctx)
         decided = _result(response)
-        if decided.allowed is not None and decided.allowed.route == DIRECT:
-            if credentials == 1 and not spoofed:
-                self._remember(key, ctx, decided)
+        if cacheable and decided.allowed is not None and decided.allowed.route == DIRECT:
+            self._remember(key, ctx, decided)
         return decided
 
     async def _hit(

@@ -13,6 +13,8 @@ the connection is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,8 @@ log = logging.getLogger("sidecar.authz")
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
+# Questions read ahead of their answers on one connection before reading pauses.
+MAX_PIPELINED = 32
 _REASONS = {
     200: b"OK",
     201: b"Created",
@@ -126,6 +130,10 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not `asyncio.Transport` subclasses; they behave as one.
         self.transport = cast(asyncio.Transport, transport)
         self.open.add(self.transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
@@ -188,6 +196,8 @@ class _Connection(asyncio.Protocol):
             self.remote,
         )
         self._pending.append((question, parser.should_keep_alive()))
+        if len(self._pending) >= MAX_PIPELINED and self.transport is not None:
+            self.transport.pause_reading()  # resumed once the answers catch up
         if not self._running:
             self._running = True
             _TASKS.add(task := asyncio.ensure_future(self._answer_all()))
@@ -199,6 +209,8 @@ class _Connection(asyncio.Protocol):
         try:
             while self._pending:
                 question, keep_alive = self._pending.popleft()
+                if len(self._pending) == MAX_PIPELINED // 2 and self.transport is not None:
+                    self.transport.resume_reading()
                 try:
                     answer = await self.handler(question)
                 except Exception:
