@@ -13,6 +13,7 @@ must see (a request carrying one goes the `proxy` way).
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from urllib.parse import urlsplit
 
@@ -70,20 +71,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         strip: tuple[str, ...] = ()
+        forward_authorization = True
         if args.config:
-            strip = tuple(h.lower() for h in load_config(args.config).identity.strip_headers)
+            identity = load_config(args.config).identity
+            strip = tuple(h.lower() for h in identity.strip_headers)
+            forward_authorization = identity.forward_authorization
         listen = _host_port(args.listen, "--listen")
         authz = _host_port(args.authz, "--authz")
         upstream = _url(args.upstream, "--upstream")
         proxy = _url(args.proxy, "--proxy")
         grpc = _host_port(args.grpc, "--grpc") if getattr(args, "grpc", None) else None
     except (ConfigError, ValueError) as exc:
-        print(f"sidecar config: {exc}")
+        print(f"sidecar config: {exc}", file=sys.stderr)
         return 2
     if args.front == "envoy":
-        print(envoy_config(listen, upstream, authz, proxy, strip, grpc))
+        print(
+            envoy_config(
+                listen,
+                upstream,
+                authz,
+                proxy,
+                strip,
+                grpc,
+                forward_authorization=forward_authorization,
+            )
+        )
     else:
-        print(nginx_config(listen, upstream, authz, proxy, strip, args.prefix))
+        print(
+            nginx_config(
+                listen,
+                upstream,
+                authz,
+                proxy,
+                strip,
+                args.prefix,
+                forward_authorization=forward_authorization,
+            )
+        )
     return 0
 
 
@@ -142,6 +166,8 @@ def envoy_config(
     proxy: tuple[str, int],
     strip: tuple[str, ...] = (),
     grpc: tuple[str, int] | None = None,
+    *,
+    forward_authorization: bool = True,
 ) -> str:
     """Envoy's bootstrap (JSON, which Envoy reads as YAML): ext_authz on every route but
     `/healthz`, the route picked by the decider's `x-sidecar-route`."""
@@ -176,6 +202,8 @@ def envoy_config(
             "timeout": "1s",
         }
     never_upstream = ["x-sidecar-route", "x-sidecar-decided"]
+    if not forward_authorization:  # as the proxy does (identity.forwardAuthorization)
+        never_upstream.append("authorization")
     healthz = {
         "match": {"path": "/healthz"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
@@ -278,6 +306,12 @@ http {{
     upstream sidecar_authz {{ server {authz}; keepalive 32; }}
     # The decider's route picks the upstream group; anything but "direct" is the proxy.
     map $sidecar_route $sidecar_backend {{ direct api_direct; default sidecar_proxy; }}
+    # What reaches the upstream as Authorization on the direct route (the proxy's own
+    # rule, identity.forwardAuthorization); the proxy route always gets the client's.
+    map $sidecar_route $sidecar_authorization {{
+        direct {direct_authorization};
+        default $http_authorization;
+    }}
 
     server {{
         listen {listen};
@@ -304,6 +338,7 @@ http {{
             proxy_set_header X-Remote-Tenant $sidecar_tenant;
             proxy_set_header X-Remote-Group $sidecar_group;
             proxy_set_header X-Sidecar-Decided $sidecar_decided;
+            proxy_set_header Authorization $sidecar_authorization;
             proxy_set_header X-Sidecar-Route "";
             proxy_set_header X-Decision "";
             proxy_set_header X-Forwarded-For $remote_addr;
@@ -360,6 +395,8 @@ def nginx_config(
     proxy: tuple[str, int],
     strip: tuple[str, ...] = (),
     prefix: str = ".",
+    *,
+    forward_authorization: bool = True,
 ) -> str:
     """nginx's config. Every header name in `strip` is seen by the decider (nginx passes
     all of them to `auth_request`), which routes such a request to the proxy."""
@@ -371,4 +408,5 @@ def nginx_config(
         authz=f"{authz[0]}:{authz[1]}",
         unavailable=_STATUS_503,
         prefix=prefix,
+        direct_authorization="$http_authorization" if forward_authorization else '""',
     )
