@@ -13,8 +13,8 @@ must see (a request carrying one goes the `proxy` way).
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import sys
 from urllib.parse import urlsplit
 
 from sidecar.config.settings import ConfigError, load_config
