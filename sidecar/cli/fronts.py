@@ -300,6 +300,8 @@ http {{
     underscores_in_headers off;
     ignore_invalid_headers on;
     client_max_body_size 0;
+    # Request lines and headers as long as the sidecar takes (limits.maxHeaderBytes).
+    large_client_header_buffers 4 32k;
 
     upstream api_direct {{ server {upstream}; keepalive 32; }}
     upstream sidecar_proxy {{ server {proxy}; keepalive 32; }}

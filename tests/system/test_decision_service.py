@@ -537,3 +537,15 @@ async def test_a_front_whose_decider_is_down_refuses(
             status, data, _ = await _call(http, front.url, "GET", "/healthz", None)
             assert status == 200, (front.name, status)
     assert len(fronts.direct_relay.seen) == before
+
+
+async def test_a_refusal_naming_a_long_target_is_still_the_proxys_status(
+    fronts: Fronts, http: aiohttp.ClientSession
+) -> None:
+    target = "/api/v1/tenants/beta/namespaces/ns1/configmaps/" + "a" * 20000
+    want, _, _ = await _call(http, fronts.proxy, "GET", target, "alice")
+    assert want >= 400
+    for name, base in fronts.entrances.items():
+        status, data, _ = await _call(http, base, "GET", target, "alice")
+        assert status == want, (name, status, data[:200])
+        assert json.loads(data)["code"] == want, name

@@ -267,9 +267,8 @@ class Decider:
     # -- the decision (the terminal of the decider's chain) -------------------------------
 
     async def _decide(self, ctx: RequestContext) -> web.StreamResponse:
-        request = ctx.request
-        raw = request.raw_path
-        proxy_only = routes.terminal_route(raw)
+        # The decoded path, as the proxy dispatches its own terminals.
+        proxy_only = routes.terminal_route(ctx.request.path)
         if proxy_only is not None:
             # Probes, the quota API: the proxy answers these itself, deciding each call.
             return self._allow(ctx, PROXY)

@@ -31,6 +31,9 @@ PREFIX = "/nginx"
 DENIED = "/nginx/denied"
 DECISION = "x-decision"
 DECISION_STATUS = "x-decision-status"
+# A refusal's body carried whole in `x-decision` up to this size (the generated config's
+# proxy_buffer_size is 32k); a larger one is replayed as a plain Status of its status.
+MAX_SEALED_BODY = 12 * 1024
 _KEEP = (
     "content-type",
     "www-authenticate",
@@ -58,6 +61,8 @@ def answer(decided: Decided, marker: Marker) -> bytes:
     assert refusal is not None
     body = refusal.body if isinstance(refusal.body, bytes) else b""
     kept = [(k, v) for k, v in refusal.headers.items() if k.lower() in _KEEP]
+    if len(body) > MAX_SEALED_BODY:  # a refusal naming a very long target
+        body = StatusError(refusal.status, "the request was refused").body_bytes()
     payload = json.dumps(
         {"s": refusal.status, "h": kept, "b": body.decode("utf-8", "replace")},
         separators=(",", ":"),
