@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.cli.fronts_launch import envoy_binary, nginx_binary, start_envoy, start_nginx
@@ -134,13 +135,19 @@ WRITES = [
     ("PATCH", "/api/v1/tenants/beta/namespaces/ns1/configmaps/nope", {"data": {"x": "1"}}),
     ("PUT", CM + "/cm0", {"metadata": {"name": "other"}}),
 ]
-SPOOFS: list[dict[str, str]] = [
-    {"X-Remote-User": "admin", "X-Remote-Tenant": "system", "X-Remote-Group": "system:masters"},
-    {"X_Remote_User": "admin"},
-    {"Impersonate-User": "admin"},
-    {"Impersonate-User": "bob", "Impersonate-Extra-Tenant": "beta"},
-    {"x-sidecar-route": "direct"},
-    {"x-sidecar-decided": "9999999999." + "0" * 64},
+SPOOFS: list[list[tuple[str, str]]] = [
+    [
+        ("X-Remote-User", "admin"),
+        ("X-Remote-Tenant", "system"),
+        ("X-Remote-Group", "system:masters"),
+    ],
+    [("X_Remote_User", "admin")],
+    [("Impersonate-User", "admin")],
+    [("Impersonate-User", "bob"), ("Impersonate-Extra-Tenant", "beta")],
+    # Two groups: Envoy joins them into one value for its check.
+    [("Impersonate-User", "carol"), ("Impersonate-Group", "viewers"), ("Impersonate-Group", "x")],
+    [("x-sidecar-route", "direct")],
+    [("x-sidecar-decided", "9999999999." + "0" * 64)],
 ]
 IDENTITIES = [None, "not-a-token", "admin", "alice", "bob", "carol", "dave", "erin"]
 REFUSAL_HEADERS = ("www-authenticate", "content-type")
@@ -152,14 +159,14 @@ async def _call(
     method: str,
     target: str,
     token: str | None,
-    extra: dict[str, str] | None = None,
+    extra: dict[str, str] | list[tuple[str, str]] | None = None,
     body: Any = None,
     tag: str = "",
 ) -> tuple[int, bytes, Any]:
-    headers = {CORPUS_HEADER: tag} if tag else {}
+    headers = CIMultiDict[str]({CORPUS_HEADER: tag} if tag else {})
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    headers.update(extra or {})
+    headers.extend(extra.items() if isinstance(extra, dict) else (extra or []))
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -233,14 +240,17 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def _corpus() -> list[tuple[str, str, str | None, dict[str, str], Any]]:
-    cases: list[tuple[str, str, str | None, dict[str, str], Any]] = []
+Case = tuple[str, str, str | None, list[tuple[str, str]], Any]
+
+
+def _corpus() -> list[Case]:
+    cases: list[Case] = []
     for token in IDENTITIES:
         for target in READS:
-            cases.append(("GET", target, token, {}, None))
-        cases.append(("HEAD", CM + "/cm0", token, {}, None))
+            cases.append(("GET", target, token, [], None))
+        cases.append(("HEAD", CM + "/cm0", token, [], None))
         for method, target, body in WRITES:
-            cases.append((method, target, token, {}, body))
+            cases.append((method, target, token, [], body))
     for token in ("alice", "carol", None):
         for spoof in SPOOFS:
             cases.append(("GET", CM + "/cm0", token, spoof, None))
@@ -285,7 +295,7 @@ async def test_every_front_answers_as_the_proxy(
                 assert direct.identity() == proxy_forward[0].identity(), (name, target, token)
                 assert direct.identity_like() == [], (name, target, extra)
                 # Spoofed requests go to the proxy; the fronts drop `_` header names.
-                assert all("_" in k for k in extra), (name, target, extra)
+                assert all("_" in k for k, _ in extra), (name, target, extra)
     assert not mismatches, "\n".join(map(repr, mismatches[:10]))
     # The fronts did forward by themselves (the fast path exists), and only reads.
     forwarded = fronts.direct_relay.seen

@@ -183,8 +183,14 @@ class Decider:
         target: str,
         headers: Sequence[tuple[str, str]],
         remote: str,
+        *,
+        joined: bool = False,
     ) -> Decided:
-        """Decide `method target` with the client's `headers`, sent from `remote`."""
+        """Decide `method target` with the client's `headers`, sent from `remote`.
+        `joined`: the front joins repeated headers into one (Envoy's check does), so an
+        `Impersonate-*` value holding a `,` cannot be read as the proxy reads it (two
+        `Impersonate-Group` headers or one group named `a,b`): such a request is left
+        to the proxy, undecided here and uncharged, never refused on a guess."""
         if not target.startswith("/") or target.startswith("//"):
             raise bad_request("the described request target must be an absolute path")
         # One pass for what the cache needs. Headers the upstream could act on as
@@ -212,6 +218,8 @@ class Decider:
             entry = self._cache.get(key)
             if entry is not None and self._valid(entry):
                 return await self._hit(entry, method, target, remote, request_id)
+        if joined and spoofed and _ambiguous(headers):
+            return Decided(Allowed(PROXY, ((ROUTE_HEADER, PROXY),)), None)
         described = CIMultiDict[str](
             (k, v) for k, v in headers if not k.lower().startswith(_DROPPED_PREFIXES)
         )
@@ -413,6 +421,11 @@ def identity_headers(identity: Identity) -> list[tuple[str, str]]:
     out = [("x-remote-user", identity.user), ("x-remote-tenant", identity.tenant)]
     out += [("x-remote-group", group) for group in identity.groups]
     return out
+
+
+def _ambiguous(headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether an impersonation header may be several the front joined."""
+    return any(k.lower().startswith(_IDENTITY_LIKE) and "," in v for k, v in headers)
 
 
 _ALLOW_ONLY = frozenset({ROUTE_HEADER, "x-remote-user", "x-remote-tenant", "x-remote-group"})

@@ -40,6 +40,7 @@ def handler(decider: Decider) -> Handler:
             raw[len(PREFIX) :],
             client_headers(question),
             client_address(question),
+            joined=True,
         )
         return answer(decided)
 

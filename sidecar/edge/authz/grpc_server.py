@@ -122,7 +122,7 @@ class GrpcRunner:
     async def check(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             method, target, headers, remote = describe(raw)
-            decided = await self.decider.decide(method, target, headers, remote)
+            decided = await self.decider.decide(method, target, headers, remote, joined=True)
         except StatusError as exc:
             return _bad(str(exc))
         except Exception:
