@@ -22,7 +22,7 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from sidecar.cli.fronts_launch import start_envoy, start_nginx
-from sidecar.cli.launch import HOST, ProcessGroup, free_port
+from sidecar.cli.launch import HOST, ProcessGroup, StartError, free_port
 from tests.rigs import processes
 
 CORPUS_HEADER = "x-corpus"
@@ -158,19 +158,25 @@ async def running_fronts(
         await proxy_relay.start()
         await direct_relay.start()
         try:
-            authz_port, grpc_port = free_port(), free_port()
-            config: dict[str, Any] = {
-                "upstream": proxy_relay.url,
-                "policies": str(policies),
-                "identity": {"tokenFile": str(token_file)},
-                "reload": {"enabled": False},
-                "authz": {
-                    "listen": f"{HOST}:{authz_port}",
-                    "grpcListen": f"{HOST}:{grpc_port}",
-                },
-            }
-            config.update(extra)
-            sidecar = started.add(processes.start_sidecar(tmp, config))
+            for attempt in range(3):  # the decision ports are picked here: retried
+                authz_port, grpc_port = free_port(), free_port()
+                config: dict[str, Any] = {
+                    "upstream": proxy_relay.url,
+                    "policies": str(policies),
+                    "identity": {"tokenFile": str(token_file)},
+                    "reload": {"enabled": False},
+                    "authz": {
+                        "listen": f"{HOST}:{authz_port}",
+                        "grpcListen": f"{HOST}:{grpc_port}",
+                    },
+                }
+                config.update(extra)
+                try:
+                    sidecar = started.add(processes.start_sidecar(tmp, config))
+                    break
+                except StartError:
+                    if attempt == 2:
+                        raise
             upstream = (HOST, direct_relay.port)
             authz = (HOST, authz_port)
             proxy = (HOST, sidecar.port)
