@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sidecar.core.identity import Identity
-from sidecar.core.status import StatusError, bad_request
+from sidecar.core.status import bad_request
 from sidecar.core.target import RequestTarget
 from sidecar.edge.authz import route as routes
 from sidecar.edge.authz.hit_audit import HitAuditStage, HitLine
@@ -442,13 +442,6 @@ def _result(response: web.StreamResponse) -> Decided:
     assert isinstance(response, web.Response)
     return Decided(None, response)
 
-
-def forbid_malformed(message: str) -> StatusError:
-    """The 400 of a description the decider cannot read (never an allow)."""
-    return bad_request(message)
-
-
-Describe = Callable[[web.Request], tuple[str, str, list[tuple[str, str]], str]]
 
 __all__ = [
     "DIRECT",
