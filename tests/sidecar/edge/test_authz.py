@@ -26,6 +26,7 @@ from sidecar.edge.authz.marker import HEADER, Marker
 from sidecar.pipeline.audit import line_for
 from sidecar.pipeline.context import RequestContext
 from tests.rigs.inprocess import TEST_POLICY
+from tests.rigs.waiting import eventually
 
 TOKENS = [
     {"token": "alice", "user": "alice", "tenant": "acme", "groups": ["users"]},
@@ -149,20 +150,15 @@ async def test_cached_allow_is_forgotten_with_its_credential(rig: Rig) -> None:
     again = await rig.decide("GET", CM)
     assert first.allowed is not None
     assert again is first  # answered from the cache
+    before = rig.decider.identity.authenticators
     rig.tokens.write_text(yaml.safe_dump(TOKENS[1:]))  # alice's token removed
     rig.decider.credentials.request()
-    for _ in range(200):
-        if rig.decider.identity.authenticators is not first_authenticators(rig, first):
-            break
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: rig.decider.identity.authenticators is not before, what="credentials reloaded"
+    )
     gone = await rig.decide("GET", CM)
     assert gone.refusal is not None
     assert gone.refusal.status == 401
-
-
-def first_authenticators(rig: Rig, _: Decided) -> object:
-    entry = next(iter(rig.decider._cache.values()))
-    return entry.authenticators
 
 
 async def test_cached_allow_is_forgotten_with_its_policy(rig: Rig) -> None:
