@@ -18,6 +18,7 @@ micro-benchmark) is added as `bench-policy.txt` (skip with `--no-policy-bench`).
 
     python loadtests/bench.py [--seconds 8] [--concurrency 32] [--out DIR]
     python loadtests/bench.py passthrough --port P --upstream URL   # the baseline alone
+    python loadtests/bench.py fronts   # the decision service (loadtests/bench_fronts.py)
 """
 
 from __future__ import annotations
@@ -496,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(argv[1:])
         serve_passthrough(a.port, a.upstream)
         return 0
+    if argv[:1] == ["fronts"]:  # the decision service behind Envoy and nginx (DESIGN §13)
+        from loadtests import bench_fronts
+
+        return bench_fronts.main(argv[1:])
     parser = argparse.ArgumentParser(prog="loadtests/bench.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     parser.add_argument(

@@ -42,6 +42,7 @@ from aiohttp import web
 
 from sidecar.config.settings import Config
 from sidecar.edge import discovery
+from sidecar.edge.authz.app import AUTHZ_KEY, authz_marker, build_authz
 from sidecar.edge.health import Readiness, metrics_handler, probe_handler
 from sidecar.edge.proxy import Upstream
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
@@ -160,6 +161,8 @@ def build_app(config: Config) -> web.Application:
         metrics, policy, upstream.watches, readiness, config.quota.gauge_interval_seconds
     )
 
+    # The decision service (DESIGN §13): its "already decided" marker.
+    marker = authz_marker(config)
     # The order of DESIGN §1, in one place. The tenant rate limit comes right after
     # authentication: every later refusal (impersonation, concealed, forbidden, owner
     # lookup, access review, an undecodable body) is paid for by the caller's tenant,
@@ -173,7 +176,7 @@ def build_app(config: Config) -> web.Application:
         AnonymousRateLimitStage(limiter),
         ParseStage(config.limits.max_header_bytes),
         identity,
-        TenantRateLimitStage(limiter),
+        TenantRateLimitStage(limiter, marker.charged if marker is not None else None),
         # A `/tenants/{t}` server URL (DESIGN §3): the caller belongs to `t` or is an
         # operator and `t` exists; else the missing tenant's 404.
         TenantContextStage(upstream_tenant_check(upstream), conceal=config.conceal_other_tenants),
@@ -212,6 +215,10 @@ def build_app(config: Config) -> web.Application:
     app[CLIENT_WRITE_TIMEOUT] = config.limits.client_write_timeout
     app[READINESS_KEY] = readiness
     app[OPS_KEY] = ops
+    if marker is not None:  # the decision service (DESIGN §13), served by `sidecar serve`
+        app[AUTHZ_KEY] = build_authz(
+            config, policy, stages, authorizer, identity, credentials, metrics, marker
+        )
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)
     served_discovery = chain("authorize", discovery.served_document)

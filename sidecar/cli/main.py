@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
+    demo.add_argument(
+        "--front",
+        choices=["envoy", "nginx"],
+        default=None,
+        help="serve the demo behind Envoy or nginx deciding with the decision service",
+    )
     demo.set_defaults(func=_demo)
 
     from sidecar.cli import policy as policy_commands
@@ -54,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sidecar.cli import kubeconfig as kubeconfig_command
 
     kubeconfig_command.register(sub)  # an operator's per-tenant contexts (DESIGN §3)
+
+    from sidecar.cli import fronts  # the decision service's fronts (DESIGN §13)
+
+    front = sub.add_parser("config", help="print a runnable Envoy or nginx front config")
+    fronts.register(front.add_subparsers(dest="config_command", required=True))
+    front.set_defaults(func=fronts.run)
 
     args = parser.parse_args(argv)
     try:
@@ -183,7 +195,7 @@ async def _run(
 
     host, port = config.listen_host_port
     grace = config.limits.shutdown_grace_seconds
-    runners: list[web.BaseRunner] = []  # those set up, to clean up
+    runners: list[web.BaseRunner | Any] = []  # those set up, to clean up
     if tls is not None:
         reloader = tls
 
@@ -231,6 +243,9 @@ async def _run(
             )
             await _start_site(msite, config.metrics_listen)
             log.info("metrics (no credentials) on %s", config.metrics_listen)
+        from sidecar.edge.authz.serve import serve_authz  # the decision service (§13)
+
+        runners += await serve_authz(app, config, reuse_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -310,6 +325,8 @@ def _serve_workers(config: Config) -> int:
     # Before forking: every worker's metrics go to this run's directory, and /metrics
     # sums them (DESIGN §9).
     metrics_dir = tempfile.mkdtemp(prefix="sidecar-metrics-")
+    import sidecar.edge.authz.marker  # noqa: F401  (one marker key for every worker, §13)
+
     enable_multiprocess(metrics_dir)
     children: list[int] = []
     for _ in range(config.workers):

@@ -93,7 +93,14 @@ _NOT_HOP_BY_HOP = frozenset(
 _IDENTITY_PREFIXES = ("x-remote-", "x_remote_", "x-remote_", "x_remote-")
 # Never forwarded: the sidecar's identity headers as above, and every impersonation
 # header in either spelling (decided by the impersonation stage, DESIGN §4).
-_NEVER_FORWARDED = (*_IDENTITY_PREFIXES, "impersonate-", "impersonate_")
+# Nor the decision service's headers (its route and "already decided" marker, §13).
+_NEVER_FORWARDED = (
+    *_IDENTITY_PREFIXES,
+    "impersonate-",
+    "impersonate_",
+    "x-sidecar-",
+    "x_sidecar_",
+)
 # Upstream answers up to this size (with a Content-Length) are sent in one write.
 SMALL_BODY = 64 * 1024
 # An upstream answer the sidecar reads (buffered, or an owner-filtered list streamed)
