@@ -44,6 +44,7 @@ from sidecar.config.settings import Config
 from sidecar.edge import discovery
 from sidecar.edge.authz.app import AUTHZ_KEY, authz_marker, build_authz
 from sidecar.edge.health import Readiness, metrics_handler, probe_handler
+from sidecar.edge.ops_metrics import OpsGauges
 from sidecar.edge.proxy import Upstream
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
 from sidecar.edge.quota_api import QuotaApi, QuotaService, upstream_tenant_check
@@ -73,7 +74,6 @@ from sidecar.services.codecs.kube_protobuf import offload as protobuf_offload
 from sidecar.services.identity.authenticators import build_authenticators
 from sidecar.services.identity.credentials import CredentialWatcher
 from sidecar.services.metrics import Metrics
-from sidecar.services.ops_metrics import OpsGauges
 from sidecar.services.quota.factory import open_ledger
 from sidecar.services.quota.gauges import QuotaGauges
 from sidecar.services.quota.reconcile import periodic, upstream_fetch
@@ -86,7 +86,7 @@ log = logging.getLogger("sidecar")
 # readiness checks (TLS) are registered here.
 METRICS_KEY = web.AppKey("metrics", Metrics)
 READINESS_KEY = web.AppKey("readiness", Readiness)
-# The operational gauges (sidecar/services/ops_metrics.py); the CLI adds the TLS pair.
+# The operational gauges (sidecar/edge/ops_metrics.py); the CLI adds the TLS pair.
 OPS_KEY = web.AppKey("ops_gauges", OpsGauges)
 
 

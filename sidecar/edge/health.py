@@ -72,7 +72,7 @@ class Readiness:
         # Each check's probe while it runs (one at a time per check, see the docstring).
         self._probes: dict[str, asyncio.Future[tuple[bool, str]]] = {}
         self._shutting_down = False
-        # Each check's outcome at the last evaluation (sidecar/services/ops_metrics.py).
+        # Each check's outcome at the last evaluation (sidecar/edge/ops_metrics.py).
         self.last: dict[str, bool] = {}
 
     def add(self, name: str, probe: Probe, *, required: bool = False) -> None:
@@ -94,7 +94,7 @@ class Readiness:
     async def run_check(self, name: str) -> bool | None:
         """Run one check (sharing a probe still running) within its budget, as `/readyz`
         would, and record its outcome (`last`, `sidecar_ready_check`); None when no
-        check has that name (sidecar/services/ops_metrics.py: the ledger's state)."""
+        check has that name (sidecar/edge/ops_metrics.py: the ledger's state)."""
         check = next((c for c in self.checks if c.name == name), None)
         if check is None:
             return None

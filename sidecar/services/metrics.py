@@ -282,7 +282,7 @@ class Metrics:
             "Audit lines dropped because the sink was slower than the traffic.",
             registry=r,
         )
-        # Operations (sidecar/services/ops_metrics.py sets them; deploy/monitoring uses
+        # Operations (sidecar/edge/ops_metrics.py sets them; deploy/monitoring uses
         # them): refreshed before every scrape and every FLUSH_SECONDS by `refreshers`.
         self.refreshers: list[Callable[[], None]] = []
         self.watches_open = Gauge(

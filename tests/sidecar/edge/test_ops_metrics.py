@@ -1,4 +1,4 @@
-"""The operational gauges (sidecar/services/ops_metrics.py) from the services' state:
+"""The operational gauges (sidecar/edge/ops_metrics.py) from the services' state:
 open watches per tenant with the bounded label set (made-up tenants past the cap are
 `_other`, a tenant's series goes back to 0), the policy source's state, and the ledger
 following its readiness check."""
@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.core.identity import Identity
 from sidecar.edge.health import Readiness
+from sidecar.edge.ops_metrics import OpsGauges
 from sidecar.services.metrics import Metrics
-from sidecar.services.ops_metrics import OpsGauges
 
 
 @dataclass
