@@ -130,8 +130,8 @@ class Upstream:
         self.read_timeout = limits.upstream_read_timeout
         self.max_list_part = max(MIN_LIST_PART, 2 * limits.max_body_bytes)
         # Owner-filtered lists take turns: one piece of filtering per turn of the event
-        # loop, however many lists are streaming, tenants in turn, at most half of the
-        # loop's time (_owner_list, sidecar/services/listfilter.py).
+        # loop, however many lists are streaming, tenants in turn, at most a third of
+        # the loop's time (_owner_list, sidecar/services/listfilter.py).
         self._list_lane = FilterLane()
         self.forward_authorization = config.identity.forward_authorization
         self._drop = HOP_BY_HOP | _REPLACED
@@ -442,7 +442,7 @@ class Upstream:
         """`chunk` fed to a list's parser a `LIST_SLICE` at a time, taking turns on the
         event loop with every list being read (`_list_lane`, a `FilterLane`: owner-
         filtered lists and reconcile pages): one slice at a time, a turn of the loop
-        between two, tenants in turn and at most half of the loop's time, so many lists
+        between two, tenants in turn and at most a third of the loop's time, so many lists
         together hold the loop no longer than one slice at a time; what came out."""
         outs: list[bytes] = []
         lane = self._list_lane

@@ -6,8 +6,11 @@ Every forwarded request runs through `WatchRelay.run`, watch or not:
 - **The client goes away.** aiohttp tells a handler nothing when its client
   disconnects unless `handler_cancellation` is on. That switch stays off: it would
   cancel every handler at whatever await it is in, cutting quota commits, releases and
-  audit records short after the upstream already acted. Instead one shared poller
-  looks at the client connections of the exchanges in flight every `POLL_SECONDS`.
+  audit records short after the upstream already acted. Instead the connection tells
+  the relay when it ends (`sidecar serve`'s connections, `DeadlineHandler.on_lost`,
+  set while an exchange is in flight: no task or timer per request), and one shared
+  poller looks at the client connections of the exchanges in flight every
+  `POLL_SECONDS` as the fallback (other servers; a connection closing but not ended).
   When a client is gone, its request's task is cancelled, and only while it is inside
   the forwarding (`run` registers it there and nowhere else): waiting for an upstream
   connection, sending the body, waiting for the answer's headers, or streaming the

@@ -304,7 +304,7 @@ def _first_line(exc: Exception) -> str:
 # every tenant together, measured over windows of LANE_WINDOW seconds: once the pieces
 # filtered in a window took LANE_SHARE of it, the next piece waits for the next window,
 # and every other callback (other tenants' requests) has the loop to itself until then.
-LANE_SHARE = 0.5
+LANE_SHARE = 0.35
 LANE_WINDOW = 0.01
 
 
@@ -319,8 +319,9 @@ class FilterLane:
             out = stream.feed(piece)
 
     So one tenant's lists hold the loop for at most one piece at a time and at most
-    half of it over any window, and other requests wait at most one piece per turn of
-    the loop while lists are filtered, none while the lane rests."""
+    `share` of it (LANE_SHARE, about a third) over any window, and other requests wait
+    at most one piece per turn of the loop while lists are filtered, none while the
+    lane rests."""
 
     def __init__(
         self,
