@@ -43,7 +43,7 @@ from sidecar.core.target import (
     parse_target,
 )
 
-from . import apply, baremetal, discovery, tags
+from . import apply, baremetal, discovery, eviction, tags
 from .bodies import (
     APPLY_PATCH,
     MAX_BODY_BYTES,
@@ -65,6 +65,7 @@ from .resources import (
     NAMESPACE,
     NAMESPACES,
     NODES,
+    PODS,
     SERVERS,
     TENANT,
     TENANTS,
@@ -154,6 +155,75 @@ class ListFilter:
 
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _modified(loc: Loc) -> StatusError:
+    """The 409 of a write whose precondition (resourceVersion, uid) no longer holds."""
+    return StatusError(
+        409,
+        f'Operation cannot be fulfilled on {loc.rt.plural} "{loc.name}": the object has '
+        "been modified; please apply your changes to the latest version and try again",
+        "Conflict",
+    )
+
+
+def _apply_preconditions(loc: Loc, current: Obj | None, meta: Any) -> None:
+    """An apply's `metadata.resourceVersion` must be the stored object's (an apply that
+    names one never creates: 409 when the object is missing), and its `metadata.uid`,
+    when the object exists, the stored object's (when it is missing, the create sets
+    its own uid as always): 409 Conflict otherwise, nothing stored."""
+    if not isinstance(meta, dict):
+        return
+    want_rv, want_uid = meta.get("resourceVersion"), meta.get("uid")
+    if want_rv not in (None, ""):
+        if current is None or str(want_rv) != current["metadata"].get("resourceVersion"):
+            raise _modified(loc)
+    if want_uid not in (None, "") and current is not None:
+        if str(want_uid) != current["metadata"].get("uid"):
+            raise _modified(loc)
+
+
+def _check_preconditions(loc: Loc, current: Obj, given: Any) -> None:
+    """409 when `given` (a body's `metadata`, or DeleteOptions' `preconditions`) names
+    another `resourceVersion` or `uid` than the stored object's."""
+    if not isinstance(given, dict):
+        return
+    meta = current["metadata"]
+    for field in ("resourceVersion", "uid"):
+        want = given.get(field)
+        if want not in (None, "") and str(want) != meta.get(field):
+            raise _modified(loc)
+
+
+async def _delete_preconditions(request: web.Request) -> dict[str, Any] | None:
+    """The `preconditions` of a DELETE's DeleteOptions body (read and checked as an
+    object already, by the dry-run check), or None."""
+    raw = await read_body(request)
+    if not raw.strip():
+        return None
+    options = await read_json(request)
+    found = options.get("preconditions") if isinstance(options, dict) else None
+    if found is not None and not isinstance(found, dict):
+        raise bad_request("DeleteOptions.preconditions must be an object")
+    return found
+
+
+_PRECONDITION_PATHS = {"/metadata/resourceVersion": "resourceVersion", "/metadata/uid": "uid"}
+
+
+def _json_patch_preconditions(loc: Loc, current: Obj, ops: Any) -> None:
+    """409 when a `test` operation on `/metadata/resourceVersion` or `/metadata/uid`
+    names another value than the stored object's (the patch is otherwise judged by
+    `apply_patch`, which a malformed one fails with 400)."""
+    if not isinstance(ops, list):
+        return
+    for op in ops:
+        if not isinstance(op, dict) or op.get("op") != "test":
+            continue
+        path = op.get("path")
+        field = _PRECONDITION_PATHS.get(path) if isinstance(path, str) else None
+        if field is not None and "value" in op and op["value"] != current["metadata"].get(field):
+            raise _modified(loc)
 
 
 def _new_identity(obj: Obj) -> Obj:
@@ -273,7 +343,7 @@ class Service:
         if verb in ("update", "patch"):
             return await self._update(request, loc, patch=verb == "patch")
         if verb == "delete":
-            return self._delete(loc)
+            return self._delete(loc, await _delete_preconditions(request))
         if verb == "deletecollection":
             return self._delete_collection(request, loc)
         raise StatusError(405, f"{request.method} is not allowed here")
@@ -357,7 +427,7 @@ class Service:
                 raise bad_request(f"limit must be a positive integer, not {text!r}")
             limit = int(text)
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         prefix = loc.prefix
         after = decode_continue(query["continue"], prefix) if query.get("continue") else None
         page = self.store.scan(
@@ -373,7 +443,7 @@ class Service:
 
     async def _watch(self, request: web.Request, loc: Loc) -> web.StreamResponse:
         filters = self._filters(request, loc)
-        table = TableFormat.of(request, loc.rt.plural)
+        table = TableFormat.of(request, loc.rt.plural, across_tenants=_across_tenants(loc))
         render: Render | None = None
         if table is not None:
 
@@ -530,8 +600,11 @@ class Service:
         if current is None:
             raise self._missing(loc)
         if json_ops:
-            # a JSON patch states its preconditions with `test` operations
+            # a JSON patch states its preconditions with `test` operations; one on the
+            # resourceVersion or uid that fails is a conflict (409), as a stale version
+            # in any other body is, rather than an unappliable patch (422)
             want_rv = None
+            _json_patch_preconditions(loc, current, body)
             obj = apply_patch(ctype, current, body, loc.rt.kind)
             sets_tags = isinstance(obj, dict) and obj.get("tags") != current.get("tags")
         else:
@@ -562,6 +635,10 @@ class Service:
             raise bad_request("metadata.managedFields must be nil in an apply body")
         self._check_body(body, loc, name=loc.name)
         current = self.store.get(loc.key)
+        # The body's resourceVersion and uid are preconditions (issue 28): checked
+        # before anything, so a stale apply is refused even when it would change
+        # nothing, and an apply that names a version never creates.
+        _apply_preconditions(loc, current, meta)
         obj = apply.apply(current, body, rt.kind, manager, rt.api_version, now(), force=force)
         convert(rt.kind, obj)
         if current is None:
@@ -584,12 +661,7 @@ class Service:
         an Update; None means `obj` carries its managedFields already (an apply)."""
         cur_meta = current["metadata"]
         if want_rv not in (None, "") and str(want_rv) != cur_meta["resourceVersion"]:
-            raise StatusError(
-                409,
-                f'Operation cannot be fulfilled on {loc.rt.plural} "{loc.name}": the object has '
-                "been modified; please apply your changes to the latest version and try again",
-                "Conflict",
-            )
+            raise _modified(loc)
         new_tags: list[str] | None = None
         if loc.rt is SERVERS:
             if sets_tags:
@@ -609,13 +681,19 @@ class Service:
         self.store.write(loc.key, obj, create=False, tags=new_tags)
         return json_response(obj)
 
-    def _delete(self, loc: Loc) -> web.Response:
-        """An immediate delete answers a success `Status`, as Kubernetes does."""
+    def _delete(self, loc: Loc, preconditions: dict[str, Any] | None = None) -> web.Response:
+        """An immediate delete answers a success `Status`, as Kubernetes does. The
+        DeleteOptions' `preconditions` (`resourceVersion`, `uid`) must hold: 409."""
         if loc.rt is TENANTS and loc.name in RESERVED_TENANTS:
             raise StatusError(
                 403, f"tenant {loc.name!r} is reserved: it always exists and cannot be deleted"
             )
         with self.store.tx():
+            if preconditions:
+                current = self.store.get(loc.key)
+                if current is None:
+                    raise self._missing(loc)
+                _check_preconditions(loc, current, preconditions)
             obj = self._delete_one(loc)
         details: dict[str, Any] = {"name": loc.name}
         if loc.rt.group:
@@ -697,6 +775,8 @@ class Service:
             return await baremetal.power(request, self.store, loc.name)
         if sub == "status" and not target.extra:
             return await self._status(request, loc)
+        if loc.rt is PODS and sub == "eviction" and not target.extra:
+            return await eviction.evict(request, loc.name, lambda: self._delete(loc))
         # Details without a name, as the API server's 404 for a path it does not serve:
         # clients tell "no such subresource" from "no such object" by that (kubectl
         # debug reads `details.name` and panics on a Status without details).
@@ -725,10 +805,16 @@ class Service:
         manager = apply.field_manager(request, apply=False)
         if request.method == "PATCH":
             body: Any = await (read_json(request) if ctype == JSON_PATCH else read_object(request))
+            if ctype == JSON_PATCH:
+                _json_patch_preconditions(loc, current, body)
+            else:
+                _check_preconditions(loc, current, body.get("metadata"))
             patched = apply_patch(ctype, current, body, loc.rt.kind)
             status = patched.get("status") if isinstance(patched, dict) else None
         else:
-            status = (await read_object(request)).get("status")
+            whole = await read_object(request)
+            _check_preconditions(loc, current, whole.get("metadata"))
+            status = whole.get("status")
         new = copy.deepcopy(current)
         new["status"] = status
         kind, version = loc.rt.kind, loc.rt.api_version
@@ -780,6 +866,11 @@ def make_app(db_path: str, assume_tenant: str | None = None) -> web.Application:
 
 
 __all__ = ["HUB_KEY", "STORE_KEY", "Service", "make_app", "merge_patch", "read_json", "read_target"]
+
+
+def _across_tenants(loc: Loc) -> bool:
+    """A collection of a type stored under tenants, read across every tenant."""
+    return loc.tenant is None and loc.rt.scope != CLUSTER and not loc.name
 
 
 def read_target(request: web.BaseRequest) -> RequestTarget:

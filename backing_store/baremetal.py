@@ -45,6 +45,17 @@ async def power(request: web.Request, store: Store, name: str) -> web.Response:
     if request.method != "PUT":
         raise StatusError(405, f"{request.method} is not allowed on nodes/power")
     body = await read_object(request)
+    meta = body.get("metadata")
+    if isinstance(meta, dict):  # preconditions, as on every write (409 when stale)
+        for field in ("resourceVersion", "uid"):
+            want = meta.get(field)
+            if want not in (None, "") and str(want) != node["metadata"].get(field):
+                raise StatusError(
+                    409,
+                    f'Operation cannot be fulfilled on nodes "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    "Conflict",
+                )
     target = body.get("target")
     if not isinstance(target, str) or target not in POWER_TARGETS:
         raise bad_request(f"target must be one of {sorted(POWER_TARGETS)}")

@@ -50,18 +50,26 @@ def _resource(rt: ResourceType) -> dict[str, Any]:
     return out
 
 
+# Subresources whose body is of another API group (Kubernetes names it in discovery;
+# `kubectl drain` evicts only when `pods/eviction` names its group and version).
+_SUBRESOURCE_GROUPS = {"Eviction": ("policy", "v1")}
+
+
 def _subresources(rt: ResourceType) -> list[dict[str, Any]]:
     subs = [("status", rt.kind, _STATUS_VERBS), *rt.subresources]
-    return [
-        {
+    out: list[dict[str, Any]] = []
+    for sub, kind, sub_verbs in subs:
+        entry: dict[str, Any] = {
             "name": f"{rt.plural}/{sub}",
             "singularName": "",
             "namespaced": rt.scope == NAMESPACE,
             "kind": kind,
             "verbs": list(sub_verbs),
         }
-        for sub, kind, sub_verbs in subs
-    ]
+        if kind in _SUBRESOURCE_GROUPS:
+            entry["group"], entry["version"] = _SUBRESOURCE_GROUPS[kind]
+        out.append(entry)
+    return out
 
 
 def _group_versions() -> dict[str, list[str]]:

@@ -71,7 +71,17 @@ _TABLE: list[ResourceType] = [
     # core v1, tenant-scoped
     ResourceType("", "v1", "namespaces", "Namespace", TENANT, ("ns",)),
     # core v1, namespace-scoped
-    ResourceType("", "v1", "pods", "Pod", NAMESPACE, ("po",), _ALL),
+    ResourceType(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        NAMESPACE,
+        ("po",),
+        _ALL,
+        # `kubectl drain` evicts: an eviction deletes the pod (no disruption budgets).
+        subresources=(("eviction", "Eviction", ("create",)),),
+    ),
     ResourceType("", "v1", "services", "Service", NAMESPACE, ("svc",), _ALL),
     ResourceType("", "v1", "configmaps", "ConfigMap", NAMESPACE, ("cm",)),
     ResourceType("", "v1", "secrets", "Secret", NAMESPACE),
@@ -125,6 +135,7 @@ RESOURCES: dict[tuple[str, str, str], ResourceType] = {
     (r.group, r.version, r.plural): r for r in _TABLE
 }
 BY_PLURAL: dict[str, ResourceType] = {r.plural: r for r in _TABLE}
+PODS = BY_PLURAL["pods"]
 # Plurals must be unique: keys are /registry/{plural}/..., whatever the group.
 assert len(BY_PLURAL) == len(_TABLE), "duplicate plural in the resource table"
 # kubectl resolves a short name across all groups: one meaning each.

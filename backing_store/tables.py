@@ -225,6 +225,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
     ),
 }
 DEFAULT_COLUMNS = (NAME, AGE)
+TENANT_COLUMN = Column(
+    "Tenant", "string", "The tenant the object belongs to.", _text("metadata.tenant")
+)
 
 
 # -- content negotiation --------------------------------------------------------------
@@ -266,16 +269,23 @@ class TableFormat:
     api_version: str
     plural: str
     include: str
+    # A list or watch across every tenant (an operator's `kubectl get cm -A`): the rows
+    # of two tenants may look alike, so a TENANT column comes first (DESIGN §3).
+    across_tenants: bool = False
 
     @classmethod
-    def of(cls, request: web.Request, plural: str) -> TableFormat | None:
+    def of(
+        cls, request: web.Request, plural: str, *, across_tenants: bool = False
+    ) -> TableFormat | None:
         version = table_version(request)
         if version is None:
             return None
-        return cls(version, plural, include_object(request))
+        return cls(version, plural, include_object(request), across_tenants)
 
     def table(self, items: Sequence[Obj], list_meta: Mapping[str, Any]) -> dict[str, Any]:
-        columns = COLUMNS.get(self.plural, DEFAULT_COLUMNS)
+        columns: Sequence[Column] = COLUMNS.get(self.plural, DEFAULT_COLUMNS)
+        if self.across_tenants:
+            columns = (TENANT_COLUMN, *columns)
         now = datetime.now(UTC).timestamp()
         return {
             "kind": "Table",

@@ -244,14 +244,20 @@ def reconcile_flood(out: Path, opts: Options) -> tuple[str, bool]:
         }
         rows.append(results[phase])
     noop, real_ = results["no-op flood"], results["real flood"]
+    # Judged as printed in the table below (report.meets: growth .1f, ratios .2f).
     noop_ok = (
-        noop["growth_mib"] <= TARGET_GROWTH_MIB
-        and noop["p99_ratio"] <= TARGET_RATIO
+        report.meets(noop["growth_mib"], "<=", TARGET_GROWTH_MIB, ".1f")
+        and report.meets(noop["p99_ratio"], "<=", TARGET_RATIO, ".2f")
         and noop["success_rate"] == 1.0
         and noop["deletes_ok"] == FLOOD
     )
-    real_memory_ok = real_["growth_mib"] <= TARGET_GROWTH_MIB and real_["deletes_ok"] == FLOOD
-    real_p99_ok = real_["p99_ratio"] <= TARGET_RATIO and real_["success_rate"] == 1.0
+    real_memory_ok = (
+        report.meets(real_["growth_mib"], "<=", TARGET_GROWTH_MIB, ".1f")
+        and real_["deletes_ok"] == FLOOD
+    )
+    real_p99_ok = (
+        report.meets(real_["p99_ratio"], "<=", TARGET_RATIO, ".2f") and real_["success_rate"] == 1.0
+    )
     report.write_rows(out / "reconcile-flood.csv", rows)
     report.write_records(out / "reconcile-flood-requests.csv", records)
     report.chart_latency(
@@ -287,7 +293,9 @@ def reconcile_flood(out: Path, opts: Options) -> tuple[str, bool]:
         f"no-op flood: growth <= {TARGET_GROWTH_MIB:g} MiB, p99 <= {TARGET_RATIO:g}x alone, "
         f"every request answered: {_verdict(noop_ok)}",
         f"real flood: growth <= {TARGET_GROWTH_MIB:g} MiB: {_verdict(real_memory_ok)}; "
-        f"p99 <= {TARGET_RATIO:g}x alone: {_verdict(real_p99_ok)} (reported, not checked)",
+        # Not a target: never "FAIL" (which would say the run failed while it passes).
+        f"p99 <= {TARGET_RATIO:g}x alone: {'met' if real_p99_ok else 'missed'} "
+        "(reported, not checked)",
     ]
     text = report.write_summary(
         out / "reconcile-flood-summary.txt", "scenario: reconcile-flood", lines

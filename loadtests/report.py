@@ -163,3 +163,19 @@ def chart_bars(
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def meets(value: float, op: str, target: float, spec: str) -> bool:
+    """Whether `value` meets `target` as both are printed: the value formatted with
+    `spec` (".2f"), the target with "g". The verdict then always agrees with the line
+    a reader sees: "2.00 (target <= 2)" passes, "2.01 (target <= 2)" fails, whatever
+    digits rounding hid. NaN (nothing measured) never meets a target."""
+    shown = float(format(value, spec))
+    limit = float(format(target, "g"))
+    if math.isnan(shown):
+        return False
+    if op == "<=":
+        return shown <= limit
+    if op == ">=":
+        return shown >= limit
+    raise ValueError(f"unknown comparison {op!r}")

@@ -2,9 +2,14 @@
 
 Scenarios: limits, noisy-neighbour, quota-race, mix, big-lists, many-tenants,
 reconcile-flood (see loadtests/scenarios.py), or `all`. Everything the scenario starts
-runs on 127.0.0.1 and is stopped before the command returns. Exit status: 0 when the
-run completed (1 with `--check` when a target was missed), 2 on a usage error or a
-failed start.
+runs on 127.0.0.1 and is stopped before the command returns, also on SIGTERM or Ctrl-C
+(loadtests/lifecycle.py). A progress line goes to stderr at least every 10 s.
+
+Verdicts compare a figure as printed with its target as printed ("2.00 (target <= 2)"
+is a PASS). Exit status: 0 when the run completed and every verdict is PASS; 1 when a
+verdict is FAIL (with or without `--check`: a run never prints FAIL and exits 0); 2 on
+a usage error or a failed start; 128 + the signal's number (143 SIGTERM, 130 SIGINT)
+when stopped by a signal, after stopping everything it started.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `loadtests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadtests import lifecycle, stack
 from loadtests.scenarios import DEFAULT_SECONDS, SCENARIOS, Options
 from sidecar.config.redis_url import RedisUrlError, parse_redis_url
 
@@ -72,9 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         help="many-tenants: distinct tenants in all (default 1,000,000 x --scale)",
     )
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 when a scenario misses its target"
+        "--check",
+        action="store_true",
+        help="exit 1 when a scenario misses its target (the default since every FAIL "
+        "exits 1; kept for scripts)",
+    )
+    parser.add_argument(
+        "--progress",
+        type=float,
+        default=lifecycle.PROGRESS_SECONDS,
+        metavar="SECONDS",
+        help="a progress line on stderr this often (at most, and by default, 10 s)",
     )
     args = parser.parse_args(argv)
+    if not 0 < args.progress <= lifecycle.PROGRESS_SECONDS:
+        parser.error(f"--progress must be in (0, {lifecycle.PROGRESS_SECONDS:g}]")
     if args.ledger and not args.ledger.startswith("sqlite:///"):
         try:
             parse_redis_url(args.ledger)
@@ -93,8 +111,28 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    lifecycle.install(stack.running)
+    try:
+        with lifecycle.Progress(args.progress):
+            return _run(args, names, out)
+    except lifecycle.Interrupted as stop:
+        # The `with Stack` blocks have stopped their processes on the way out; sweep
+        # whatever is left (a stack opened without `with`, a load child).
+        left = stack.close_all() + lifecycle.stop_children()
+        print(
+            f"loadtests/run.py: {stop}: stopped every process the run started"
+            + (f" ({left} in the last sweep)" if left else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stop.signum
+
+
+def _run(args: argparse.Namespace, names: list[str], out: Path) -> int:
     all_ok = True
     for name in names:
+        lifecycle.note(f"scenario {name}")
+        print(f"loadtests: scenario {name}: starting", file=sys.stderr, flush=True)
         seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[name]
         try:
             opts = Options(
@@ -113,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         all_ok &= ok
     print(f"results in {out.resolve()}")
-    return 1 if args.check and not all_ok else 0
+    if not all_ok:
+        print("loadtests/run.py: a target was missed (FAIL above): exit 1", file=sys.stderr)
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

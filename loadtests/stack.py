@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from loadtests import lifecycle
 from sidecar.cli import launch
 from sidecar.cli.launch import free_port as free_port  # the loadtests' name for it
 
@@ -82,6 +83,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
+        OPEN.append(self)
 
     def __enter__(self) -> Stack:
         return self
@@ -90,6 +92,7 @@ class Stack:
         self.close()
 
     def _track(self, proc: Proc) -> Proc:
+        lifecycle.note(f"{proc.name or 'a process'} started (pid {proc.pid}, port {proc.port})")
         self.procs.append(proc)
         self.started.append({"name": proc.name, "pid": proc.pid, "port": proc.port})
         (self.work / "processes.json").write_text(json.dumps(self.started, indent=1))
@@ -169,9 +172,35 @@ class Stack:
         return path
 
     def close(self) -> None:
+        if self.procs:
+            lifecycle.note(f"stopping {len(self.procs)} process(es) of {self.work.name}")
         for proc in reversed(self.procs):
             proc.stop(STOP_TIMEOUT)
         self.procs.clear()
+        OPEN[:] = [s for s in OPEN if s is not self]
+
+
+# Every stack not closed yet (for the progress line and a last sweep on a signal).
+OPEN: list[Stack] = []
+
+
+def running() -> list[str]:
+    """The processes of the open stacks still running, as `name (pid, :port)`."""
+    return [
+        f"{p.name or 'process'} (pid {p.pid}, :{p.port})"
+        for stack in OPEN
+        for p in stack.procs
+        if p.proc.poll() is None
+    ]
+
+
+def close_all() -> int:
+    """Close every open stack (a run stopped by a signal); how many processes it had."""
+    count = 0
+    for stack in list(OPEN):
+        count += len(stack.procs)
+        stack.close()
+    return count
 
 
 def seed_tenant(store_url: str, tenant: str, namespace: str = "dev") -> None:

@@ -5,7 +5,8 @@ up by name. The order of the pipeline's stages is stated here and only here
 (`build_app`, the list `stages`), as in DESIGN §1:
 
     metrics → audit → errors → parse → anonymous rate limit → identity
-            → rate limit (caller's tenant) → impersonation → transcode → authorize
+            → rate limit (caller's tenant) → tenant context → impersonation
+            → transcode → authorize
             → quota → forward
 
 Each route runs a prefix of that one list in front of its own terminal:
@@ -41,7 +42,9 @@ from aiohttp import web
 
 from sidecar.config.settings import Config
 from sidecar.edge import discovery
+from sidecar.edge.authz.app import AUTHZ_KEY, authz_marker, build_authz
 from sidecar.edge.health import Readiness, metrics_handler, probe_handler
+from sidecar.edge.ops_metrics import OpsGauges
 from sidecar.edge.proxy import Upstream
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
 from sidecar.edge.quota_api import QuotaApi, QuotaService, upstream_tenant_check
@@ -59,6 +62,8 @@ from sidecar.pipeline.metrics import MetricsStage
 from sidecar.pipeline.parse import ParseStage
 from sidecar.pipeline.quota import QuotaStage, ledger_ready
 from sidecar.pipeline.ratelimit import AnonymousRateLimitStage, RateLimiter, TenantRateLimitStage
+from sidecar.pipeline.tenant_context import TenantContextStage
+from sidecar.pipeline.tenant_context import enter as enter_tenant_context
 from sidecar.pipeline.transcode import TranscodeStage
 from sidecar.policy.engine import DecisionCache
 from sidecar.policy.owner import OwnerLookup
@@ -81,6 +86,8 @@ log = logging.getLogger("sidecar")
 # readiness checks (TLS) are registered here.
 METRICS_KEY = web.AppKey("metrics", Metrics)
 READINESS_KEY = web.AppKey("readiness", Readiness)
+# The operational gauges (sidecar/edge/ops_metrics.py); the CLI adds the TLS pair.
+OPS_KEY = web.AppKey("ops_gauges", OpsGauges)
 
 
 Lifecycle = Callable[[web.Application], AsyncIterator[None]]
@@ -150,7 +157,12 @@ def build_app(config: Config) -> web.Application:
     readiness.add("audit", audit.ready)
     if credentials.files:
         readiness.add("credentials", credentials.ready)
+    ops = OpsGauges(
+        metrics, policy, upstream.watches, readiness, config.quota.gauge_interval_seconds
+    )
 
+    # The decision service (DESIGN §13): its "already decided" marker.
+    marker = authz_marker(config)
     # The order of DESIGN §1, in one place. The tenant rate limit comes right after
     # authentication: every later refusal (impersonation, concealed, forbidden, owner
     # lookup, access review, an undecodable body) is paid for by the caller's tenant,
@@ -164,7 +176,10 @@ def build_app(config: Config) -> web.Application:
         AnonymousRateLimitStage(limiter),
         ParseStage(config.limits.max_header_bytes),
         identity,
-        TenantRateLimitStage(limiter),
+        TenantRateLimitStage(limiter, marker.charged if marker is not None else None),
+        # A `/tenants/{t}` server URL (DESIGN §3): the caller belongs to `t` or is an
+        # operator and `t` exists; else the missing tenant's 404.
+        TenantContextStage(upstream_tenant_check(upstream), conceal=config.conceal_other_tenants),
         impersonation,
         TranscodeStage(),
         # Also answers the access reviews (never forwarded): they are decisions.
@@ -199,6 +214,11 @@ def build_app(config: Config) -> web.Application:
     app[HANDLER_ARGS] = handler_args
     app[CLIENT_WRITE_TIMEOUT] = config.limits.client_write_timeout
     app[READINESS_KEY] = readiness
+    app[OPS_KEY] = ops
+    if marker is not None:  # the decision service (DESIGN §13), served by `sidecar serve`
+        app[AUTHZ_KEY] = build_authz(
+            config, policy, stages, authorizer, identity, credentials, metrics, marker
+        )
     probes = probe_handler(readiness)
     quota_route = chain("impersonation", quota_api)
     served_discovery = chain("authorize", discovery.served_document)
@@ -254,6 +274,7 @@ def build_app(config: Config) -> web.Application:
             ),
             _service(credentials.start, credentials.stop),
             _service(reloader.start, reloader.stop),
+            _service(ops.start, ops.stop),
             _on_sighup([lambda: reloader.request(force=True), credentials.request]),
         ]
     )
@@ -274,6 +295,7 @@ def _route_all(
     itself, with a Status body, where a method does not apply."""
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
+        request = enter_tenant_context(request)  # `/tenants/{t}/…`: the rest, in `t`
         path = request.path
         handler = exact.get(path)
         if handler is None:
@@ -368,4 +390,4 @@ def _on_sighup(actions: Sequence[Callable[[], None]]) -> Lifecycle:
     return lifecycle
 
 
-__all__ = ["FRONT_DOOR", "HANDLER_ARGS", "METRICS_KEY", "READINESS_KEY", "build_app"]
+__all__ = ["FRONT_DOOR", "HANDLER_ARGS", "METRICS_KEY", "OPS_KEY", "READINESS_KEY", "build_app"]

@@ -251,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
                         work, work / "store.db", log_path=work / "store.log", timeout=20
                     )
                 )
-                config = {
+                front = getattr(args, "front", None)
+                config: dict[str, Any] = {
                     "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
                     "upstream": store.url,
                     "policies": str(policies),
@@ -259,12 +260,30 @@ def run(args: argparse.Namespace) -> int:
                     "ledger": f"sqlite:///{work / 'ledger.db'}",
                     "audit": {"path": str(work / "audit.log")},
                 }
+                if front:  # the decision service behind a front (DESIGN §13), plain HTTP
+                    config.pop("tls")
+                    authz_port = launch.free_port()
+                    config["authz"] = {"listen": f"127.0.0.1:{authz_port}"}
                 sidecar = procs.add(
-                    launch.start_sidecar(work, config, stem="sidecar", tls=trust, timeout=20)
+                    launch.start_sidecar(
+                        work, config, stem="sidecar", tls=None if front else trust, timeout=20
+                    )
                 )
+                if front:
+                    from sidecar.cli.fronts_launch import start_envoy, start_nginx
+
+                    starter = start_envoy if front == "envoy" else start_nginx
+                    fronted = procs.add(
+                        starter(
+                            work,
+                            ("127.0.0.1", store.port),
+                            ("127.0.0.1", authz_port),
+                            ("127.0.0.1", sidecar.port),
+                        )
+                    )
             except launch.StartError as exc:
                 raise SystemExit(f"sidecar demo: {exc}") from None
-            base = f"https://127.0.0.1:{sidecar.port}"
+            base = f"{'http' if front else 'https'}://127.0.0.1:{sidecar.port}"
             for method, path, body in SEED:
                 status = _call(base, trust, method, path, body, "demo-admin")
                 if status >= 300 and status != 409:
@@ -272,8 +291,13 @@ def run(args: argparse.Namespace) -> int:
                         f"sidecar demo: seeding {method} {path} answered {status}",
                         file=sys.stderr,
                     )
+            if front:
+                _print_front_banner(front, fronted.url, base, work)
+                _wait_for_stop(args.seconds, [store, sidecar, fronted])
+                return 0
             kubeconfigs = _write_kubeconfigs(work, base, ca_file.read_bytes())
-            _print_banner(base, work, ca_file, kubeconfigs)
+            operator = _write_operator_contexts(work, base, ca_file)
+            _print_banner(base, work, ca_file, kubeconfigs, operator)
             _wait_for_stop(args.seconds, [store, sidecar])
             return 0
     finally:
@@ -281,7 +305,77 @@ def run(args: argparse.Namespace) -> int:
         print("demo stopped: backing store and sidecar are down, temporary files removed.")
 
 
-def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, Path]) -> None:
+def _write_operator_contexts(work: Path, base: str, ca_file: Path) -> Path:
+    """The operator's kubeconfig with one context per tenant (`sidecar kubeconfig`,
+    DESIGN §3) and one acting as alice of acme (`as-user-extra`)."""
+    from sidecar.cli.kubeconfig import build
+
+    token = work / "admin.token"
+    token.write_text("demo-admin")
+    token.chmod(0o600)
+    doc = build(
+        base,
+        str(token),
+        ["acme", "beta"],
+        ca_file=str(ca_file),
+        as_user="alice",
+        as_tenant="acme",
+        as_groups=["tenant-admins"],
+    )
+    path = work / "admin-tenants.kubeconfig"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+def _operator_lines(path: Path) -> list[str]:
+    k = f"kubectl --kubeconfig {path}"
+    return [
+        "",
+        "# The operator per tenant (docs/operators.md): one context each, whose server URL",
+        "# ends in /tenants/{t}, so short paths and -A mean that tenant, never 'default':",
+        f"{k} get configmaps -A --context acme",
+        f"{k} label configmap web -n default reviewed=yes --context acme",
+        f"{k} get servers --context beta",
+        "# acting as alice of acme (kubeconfig as-user-extra: {tenant: [acme]}):",
+        f"{k} auth whoami --context alice@acme",
+        "# write such a kubeconfig for your own operator token:",
+        "#   sidecar kubeconfig --server URL --token-file FILE --tenant acme --tenant beta "
+        "[--as alice --as-tenant acme]",
+    ]
+
+
+def _print_front_banner(front: str, url: str, proxy: str, work: Path) -> None:
+    alice = "curl -s -H 'Authorization: Bearer demo-alice'"
+    servers = "/apis/compute/v1/tenants/{t}/namespaces/default/servers"
+    lines = [
+        "",
+        f"sidecar demo: {front} on {url} in front of the store, deciding every request with",
+        f"the sidecar's decision service (full proxy on {proxy}; files in {work}). Try:",
+        "",
+        f"# alice's reads: decided by the sidecar, forwarded by {front} itself (route direct):",
+        f"{alice} {url}{servers.format(t='acme')}",
+        "# alice's create: the quota needs the full proxy (route proxy):",
+        f"{alice} -X POST -H 'Content-Type: application/json' "
+        f'-d \'{{"metadata":{{"name":"web-9"}}}}\' {url}{servers.format(t="acme")}',
+        "# tenant beta: the proxy's own concealing 404, through the front:",
+        f"{alice} {url}{servers.format(t='beta')}",
+        "# no credentials: 401; the front's own /healthz needs no decision:",
+        f"curl -s {url}/api/v1/nodes",
+        f"curl -s {url}/healthz",
+        "",
+        "Press Ctrl-C to stop.",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _print_banner(
+    base: str,
+    work: Path,
+    ca_file: Path,
+    kubeconfigs: dict[str, Path],
+    operator: Path | None = None,
+) -> None:
     curl = f"curl -s --cacert {ca_file}"
     alice = f"{curl} -H 'Authorization: Bearer demo-alice'"
     dave = f"{curl} -H 'Authorization: Bearer demo-dave'"
@@ -333,6 +427,7 @@ def _print_banner(base: str, work: Path, ca_file: Path, kubeconfigs: dict[str, P
         f"{k_dave} get servers",
         f"{k_admin} get nodes",
         f"{k_admin} auth whoami",
+        *(_operator_lines(operator) if operator is not None else []),
         "",
         "Press Ctrl-C to stop.",
     ]

@@ -174,7 +174,24 @@ def wait_ready(
 
     Ends at once when the child exits (`AddressInUse` when its log says a port was
     taken, else `StartError`); a child that has not answered after `timeout` seconds is
-    killed (its group) and `StartError` raised."""
+    killed (its group) and `StartError` raised. Interrupted while waiting (a signal
+    handler raising, Ctrl-C), it stops the child before the exception goes on."""
+    try:
+        _wait_ready(url, proc, timeout, context, accept)
+    except StartError:
+        raise
+    except BaseException:
+        proc.stop(timeout=2)
+        raise
+
+
+def _wait_ready(
+    url: str,
+    proc: Process,
+    timeout: float,
+    context: ssl.SSLContext | None,
+    accept: Callable[[int], bool],
+) -> None:
     deadline = time.monotonic() + timeout
     while not (_answers(url, context, accept) and _listens(proc)):
         if time.monotonic() > deadline:

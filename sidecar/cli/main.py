@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
+    demo.add_argument(
+        "--front",
+        choices=["envoy", "nginx"],
+        default=None,
+        help="serve the demo behind Envoy or nginx deciding with the decision service",
+    )
     demo.set_defaults(func=_demo)
 
     from sidecar.cli import policy as policy_commands
@@ -51,6 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy_commands.register(policy.add_subparsers(dest="policy_command", required=True))
     quota = sub.add_parser("quota", help="quota defaults, limits, usage and reconcile")
     quota_commands.register(quota.add_subparsers(dest="quota_command", required=True))
+    from sidecar.cli import kubeconfig as kubeconfig_command
+
+    kubeconfig_command.register(sub)  # an operator's per-tenant contexts (DESIGN §3)
+
+    from sidecar.cli import fronts  # the decision service's fronts (DESIGN §13)
+
+    front = sub.add_parser("config", help="print a runnable Envoy or nginx front config")
+    fronts.register(front.add_subparsers(dest="config_command", required=True))
+    front.set_defaults(func=fronts.run)
 
     args = parser.parse_args(argv)
     try:
@@ -172,7 +187,7 @@ def _load_tls(config: Config) -> TlsReloader | None:
 async def _run(
     app: web.Application, config: Config, reuse_port: bool, tls: TlsReloader | None = None
 ) -> None:
-    from sidecar.app import METRICS_KEY, READINESS_KEY
+    from sidecar.app import METRICS_KEY, OPS_KEY, READINESS_KEY
     from sidecar.core.redact import redact_url
     from sidecar.edge.health import build_metrics_app
     from sidecar.edge.server import CANCEL_SECONDS, FrontDoorRunner
@@ -180,7 +195,7 @@ async def _run(
 
     host, port = config.listen_host_port
     grace = config.limits.shutdown_grace_seconds
-    runners: list[web.BaseRunner] = []  # those set up, to clean up
+    runners: list[web.BaseRunner | Any] = []  # those set up, to clean up
     if tls is not None:
         reloader = tls
 
@@ -189,6 +204,7 @@ async def _run(
 
         # A failed reload shows in /readyz but never makes it 503: the old cert serves.
         app[READINESS_KEY].add("tls", tls_ready)
+        app[OPS_KEY].serving_tls(tls)  # sidecar_tls_certificate_* on /metrics
     try:
         main = FrontDoorRunner(
             app, handle_signals=False, shutdown_timeout=CANCEL_SECONDS, access_log=None
@@ -227,6 +243,9 @@ async def _run(
             )
             await _start_site(msite, config.metrics_listen)
             log.info("metrics (no credentials) on %s", config.metrics_listen)
+        from sidecar.edge.authz.serve import serve_authz  # the decision service (§13)
+
+        runners += await serve_authz(app, config, reuse_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -306,6 +325,8 @@ def _serve_workers(config: Config) -> int:
     # Before forking: every worker's metrics go to this run's directory, and /metrics
     # sums them (DESIGN §9).
     metrics_dir = tempfile.mkdtemp(prefix="sidecar-metrics-")
+    import sidecar.edge.authz.marker  # noqa: F401  (one marker key for every worker, §13)
+
     enable_multiprocess(metrics_dir)
     children: list[int] = []
     for _ in range(config.workers):

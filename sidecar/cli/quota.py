@@ -2,9 +2,13 @@
 for operators on the host, straight against the configured ledger and policy files.
 
 Each command takes `--config FILE` (the sidecar's config: ledger URL, policies,
-upstream) and `--policies DIR` to override the policy directory; output is a table,
-or JSON with `--json`. `update` checks that the tenant exists in the backing store
-(skip with `--force` when it is down); `reconcile` lists the backing store.
+upstream; or the file named by `SIDECAR_CONFIG`) and `--policies DIR` to override the
+policy directory; output is a table, or JSON with `--json`. Without a config file the
+commands refuse (exit 2) and touch nothing: the built-in defaults would open a new
+empty ledger in `./.sidecar/` and show zero usage while the running sidecar has real
+usage (`defaults` alone also runs on `--policies DIR`: it reads no ledger). `update`
+checks that the tenant exists in the backing store (skip with `--force` when it is
+down); `reconcile` lists the backing store.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sidecar.config.settings import Config, ConfigError, load_config
+from sidecar.config.settings import CONFIG_FILE_ENV, Config, ConfigError, load_config
+from sidecar.core.quantities import format_units
 from sidecar.core.status import StatusError
 from sidecar.edge.quota_api import QuotaService, upstream_tenant_check
 from sidecar.policy.kinds.quotas import QuotaPolicy
@@ -28,7 +34,11 @@ from sidecar.services.quota.ledger import Ledger, LedgerError
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", default=None, help="sidecar config file")
+        p.add_argument(
+            "--config",
+            default=None,
+            help=f"the running sidecar's config file (default: ${CONFIG_FILE_ENV})",
+        )
         p.add_argument("--policies", default=None, help="policy directory (overrides config)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -92,10 +102,31 @@ class Env:
         return QuotaService(self.ledger, lambda: self.policy, self.tenant_exists)
 
 
+NO_CONFIG = (
+    "sidecar quota: which sidecar? Give the running sidecar's config file with "
+    f"--config FILE (or set {CONFIG_FILE_ENV}=FILE), e.g. "
+    "`sidecar quota list --config /etc/sidecar/config/sidecar.yaml`; with the shipped "
+    "Kubernetes manifests, whose sidecar container sets SIDECAR_CONFIG: "
+    "`kubectl -n tenant-api exec deploy/tenant-api -c sidecar -- sidecar quota list`. "
+    "Without one this command would open a "
+    "new, empty ledger, not the one the sidecar uses; nothing was read or created."
+)
+
+
+def config_path(args: argparse.Namespace) -> str | None:
+    """The config file the command was pointed at: `--config`, else `SIDECAR_CONFIG`."""
+    given = args.config or os.environ.get(CONFIG_FILE_ENV, "")
+    return given or None
+
+
 def _run(args: argparse.Namespace, op: Op) -> int:
+    path = config_path(args)
+    if path is None and not (op is _defaults and args.policies):
+        print(NO_CONFIG, file=sys.stderr)
+        return 2
     try:
         overrides = {"policies": args.policies} if args.policies else {}
-        config = load_config(args.config, overrides=overrides)
+        config = load_config(path, overrides=overrides)
     except ConfigError as exc:
         print(f"sidecar quota: {exc}", file=sys.stderr)
         return 2
@@ -105,6 +136,11 @@ def _run(args: argparse.Namespace, op: Op) -> int:
             print(problem, file=sys.stderr)
         print("sidecar quota: the policy does not load", file=sys.stderr)
         return 1
+
+    if op is _defaults:  # the policy's defaults only: no ledger, no store
+        hard = bundle.quotas.defaults
+        data = {"hard": {r: format_units(r, n) for r, n in sorted(hard.items())}}
+        return _print(args, data, _defaults_table)
 
     async def main() -> Any:
         ledger = open_ledger(
@@ -169,13 +205,13 @@ def _show_rows(data: dict[str, Any], with_tenant: bool = False) -> list[list[Any
     ]
 
 
+def _defaults_table(data: dict[str, Any]) -> str:
+    return _table(["RESOURCE", "HARD_LIMIT"], [[r, v] for r, v in data["hard"].items()])
+
+
 async def _defaults(args: argparse.Namespace, env: Env) -> int:
-    data = env.service().defaults()
-    return _print(
-        args,
-        data,
-        lambda d: _table(["RESOURCE", "HARD_LIMIT"], [[r, v] for r, v in d["hard"].items()]),
-    )
+    """Never called: `_run` answers `defaults` from the policy alone (no ledger)."""
+    return _print(args, env.service().defaults(), _defaults_table)
 
 
 async def _list(args: argparse.Namespace, env: Env) -> int:

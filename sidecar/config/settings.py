@@ -25,6 +25,8 @@ import yaml
 from sidecar.core.redact import yaml_problem
 
 ENV_PREFIX = "SIDECAR_"
+# Names the config file for the commands that read it (`sidecar quota`); not a key.
+CONFIG_FILE_ENV = "SIDECAR_CONFIG"
 
 
 class ConfigError(ValueError):
@@ -168,6 +170,21 @@ class ReloadConfig:
 
 
 @dataclass(frozen=True)
+class AuthzConfig:
+    """The decision service (DESIGN §13): `listen` answers Envoy (HTTP ext_authz),
+    nginx (auth_request) and Kubernetes (SubjectAccessReview webhook); `grpcListen`
+    answers Envoy's gRPC ext_authz. Both off by default; bind them to loopback."""
+
+    listen: str | None = None
+    grpc_listen: str | None = None
+    # Allow answers kept per (credential, method, target) for the current policy and
+    # credentials (sidecar/edge/authz/decider.py).
+    cache: int = 20000
+    # How long the proxy accepts the decider's "already decided" marker.
+    marker_ttl_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:8443"
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -194,6 +211,7 @@ class Config:
     # `auto`: uvloop when it is installed (a dependency on Linux and macOS), else
     # asyncio's own loop; `uvloop` refuses to start without it.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    authz: AuthzConfig = field(default_factory=AuthzConfig)
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -227,6 +245,8 @@ def load_config(
         raw = loaded
     for name, value in sorted((os.environ if env is None else env).items()):
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            if name == CONFIG_FILE_ENV:
+                continue
             _set_env(raw, name, value)
     for dotted, value in (overrides or {}).items():
         _set_path(raw, dotted.split("."), value)
@@ -269,6 +289,14 @@ def _validate(config: Config) -> None:
             raise ConfigError(
                 f"config key 'metricsListen' must be HOST:PORT, not {config.metrics_listen!r}"
             )
+    for key, address in (
+        ("authz.listen", config.authz.listen),
+        ("authz.grpcListen", config.authz.grpc_listen),
+    ):
+        if address is not None:
+            ahost, asep, aport = address.rpartition(":")
+            if not asep or not ahost or not aport.isdigit() or not 0 < int(aport) < 65536:
+                raise ConfigError(f"config key {key!r} must be HOST:PORT, not {address!r}")
     if (config.tls.cert_file is None) != (config.tls.key_file is None):
         raise ConfigError("config keys 'tls.certFile' and 'tls.keyFile' must be set together")
     if config.limits.header_timeout <= 0:

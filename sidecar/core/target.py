@@ -46,6 +46,7 @@ __all__ = [
     "Scope",
     "SelectorError",
     "TargetError",
+    "decode_segment",
     "field_terms",
     "is_dns1123_label",
     "parse_target",
@@ -435,6 +436,11 @@ def _split_path(raw_path: str) -> list[str]:
             raise TargetError("the path has a '.' or '..' segment")
         out.append(seg)
     return out
+
+
+def decode_segment(raw: str) -> str:
+    """One raw path segment decoded as every path is (`TargetError` when malformed)."""
+    return _decode(raw)
 
 
 def _decode(raw: str) -> str:

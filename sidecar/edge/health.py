@@ -72,6 +72,8 @@ class Readiness:
         # Each check's probe while it runs (one at a time per check, see the docstring).
         self._probes: dict[str, asyncio.Future[tuple[bool, str]]] = {}
         self._shutting_down = False
+        # Each check's outcome at the last evaluation (sidecar/edge/ops_metrics.py).
+        self.last: dict[str, bool] = {}
 
     def add(self, name: str, probe: Probe, *, required: bool = False) -> None:
         if any(c.name == name for c in self.checks):
@@ -88,6 +90,20 @@ class Readiness:
         else:
             status, body = await self._get()
         return web.Response(status=status, body=body, content_type="application/json")
+
+    async def run_check(self, name: str) -> bool | None:
+        """Run one check (sharing a probe still running) within its budget, as `/readyz`
+        would, and record its outcome (`last`, `sidecar_ready_check`); None when no
+        check has that name (sidecar/edge/ops_metrics.py: the ledger's state)."""
+        check = next((c for c in self.checks if c.name == name), None)
+        if check is None:
+            return None
+        probe = self._probe(check)
+        await asyncio.wait([probe], timeout=self.check_seconds)
+        ok, _ = self._outcome(check, probe)
+        self.metrics.ready_check.labels(name).set(1 if ok else 0)
+        self.last = {**self.last, name: ok}
+        return ok
 
     async def _get(self) -> tuple[int, bytes]:
         cached = self._result
@@ -132,6 +148,7 @@ class Readiness:
         }
         for name, (ok, _) in results.items():
             self.metrics.ready_check.labels(name).set(1 if ok else 0)
+        self.last = {name: ok for name, (ok, _) in results.items()}
         ready = all(ok for name, (ok, _) in results.items() if name in required)
         degraded = sorted(name for name, (ok, _) in results.items() if not ok)
         body = json.dumps({"ready": ready, "degraded": degraded, "checks": checks}).encode()

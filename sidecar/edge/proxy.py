@@ -42,6 +42,7 @@ from sidecar.edge.watches import Exchange, WatchRelay
 from sidecar.pipeline.context import RequestContext, malformed_body
 from sidecar.services.listfilter import BrokenList, FilterLane, ListStream
 from sidecar.services.metrics import Metrics
+from sidecar.services.watchfilter import BrokenWatch, owner_watch
 from sidecar.upstream.client import DryRunAnswer, UpstreamError
 from sidecar.upstream.pool import Body, Response, UpstreamBroken, UpstreamPool, UpstreamUnreachable
 from sidecar.wire.framing import send_continue
@@ -92,7 +93,14 @@ _NOT_HOP_BY_HOP = frozenset(
 _IDENTITY_PREFIXES = ("x-remote-", "x_remote_", "x-remote_", "x_remote-")
 # Never forwarded: the sidecar's identity headers as above, and every impersonation
 # header in either spelling (decided by the impersonation stage, DESIGN §4).
-_NEVER_FORWARDED = (*_IDENTITY_PREFIXES, "impersonate-", "impersonate_")
+# Nor the decision service's headers (its route and "already decided" marker, §13).
+_NEVER_FORWARDED = (
+    *_IDENTITY_PREFIXES,
+    "impersonate-",
+    "impersonate_",
+    "x-sidecar-",
+    "x_sidecar_",
+)
 # Upstream answers up to this size (with a Content-Length) are sent in one write.
 SMALL_BODY = 64 * 1024
 # An upstream answer the sidecar reads (buffered, or an owner-filtered list streamed)
@@ -250,7 +258,7 @@ class Upstream:
             return response
         upstream.disarm()  # the reads below are timed on their own
         try:
-            if filtered:
+            if filtered and not watching:  # an owner-filtered watch: _stream_back
                 return await self._owner_list(ctx, upstream, exchange)
             if whole:
                 return await self._filtered(ctx, upstream)
@@ -275,6 +283,10 @@ class Upstream:
         response.headers.update(ctx.response_headers)
         response.headers["X-Request-Id"] = ctx.request_id
         idle = None if watching else self.read_timeout
+        # An owner-only watch: only the events of the tenant's own objects go out.
+        events = owner_watch(ctx, upstream.status, self.max_list_part) if watching else None
+        if events is not None:
+            response.headers.pop("Content-Length", None)  # filtered: its own length
         try:
             # Each read from the upstream has the idle deadline, checked by the pool's
             # ticker (no timer armed and cancelled per chunk); writes to the client
@@ -297,10 +309,19 @@ class Upstream:
                     else:
                         chunk = await upstream.readany()
                 if not chunk:
+                    if events is not None and (last := events.finish()):
+                        await response.write(last)
                     break
-                await response.write(chunk)
+                if events is not None:
+                    chunk = events.feed(chunk)
+                if chunk:
+                    await response.write(chunk)
                 chunk = None
             await response.write_eof()
+        except BrokenWatch as exc:  # the watch ends; the client watches again
+            log.warning("request %s: owner-filtered watch cut: %s", ctx.request_id, exc)
+            upstream.close()
+            _abort(ctx.request)
         except TimeoutError:
             self.metrics.upstream_errors.labels("timeout").inc()
             upstream.close()

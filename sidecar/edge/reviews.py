@@ -43,7 +43,9 @@ from sidecar.core.redact import policy_file_names
 from sidecar.core.status import StatusError, bad_request
 from sidecar.core.target import RequestTarget, Scope, is_dns1123_label
 from sidecar.pipeline.context import RequestContext
+from sidecar.policy.compile import ANY
 from sidecar.policy.decide import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, normalize
+from sidecar.policy.isolation import impersonation_hint
 from sidecar.policy.kinds.modes import ENFORCE, describe, mode_for, mode_source
 from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
 from sidecar.policy.tools.rules import rules_in_force
@@ -117,12 +119,15 @@ class ReviewApi:
             asked = review_target(spec, tenant)
             v = await authz.authorize(ctx, subject, asked, read_body=False, fetch_as=identity)
             record["review"] = v.outcome
-            record["reviewReason"] = v.reason
+            record["reviewReason"] = v.reason.replace(ANY, "*")
             reason = v.reason
+            if not v.allowed:
+                reason += impersonation_hint(subject)
             modes = ctx.policy.tenant_modes
             mode = mode_for(self.global_mode, modes, subject.tenant)
             if mode != ENFORCE:
                 reason += f" (mode: {describe(mode, mode_source(modes, subject.tenant), v)})"
+            reason = reason.replace(ANY, "*")  # the review's "any" as the caller wrote it
             status = {"allowed": v.allowed, "reason": policy_file_names(reason)}
             if not v.allowed:
                 status["denied"] = True
@@ -230,6 +235,12 @@ def review_target(spec: dict[str, Any], tenant: str) -> RequestTarget:
         or (group, resource) in TENANT_OBJECTS
     ):
         scope, namespace = Scope.CLUSTER, ""
+    for value in (verb, group, resource, namespace, scope_name):
+        if any(c < " " or c == "\x7f" for c in value):
+            raise bad_request("resourceAttributes hold no control characters")
+    # `*` asks about any verb / group / resource: allowed exactly when a rule with `*`
+    # there grants it (Kubernetes semantics, `kubectl auth can-i '*' '*'`).
+    verb, group, resource = (ANY if v == "*" else v for v in (verb, group, resource))
     return RequestTarget(
         path="",
         verb=verb,

@@ -44,6 +44,14 @@ from sidecar.policy.owner import (
     patch_kind,
 )
 from sidecar.services.audit import authz_record
+from sidecar.upstream.preconditions import (
+    MAX_ATTEMPTS,
+    DecidedState,
+    StateChanged,
+    conflict,
+    held_delete_options,
+    parse_write_body,
+)
 
 if TYPE_CHECKING:
     from sidecar.services.metrics import Metrics
@@ -144,6 +152,7 @@ class Authorizer:
                 ctx.request_id,
                 fresh=v.target.verb not in READ_VERBS,
             )
+            _pin(ctx, v.target, obj)
             obj = obj or {}
             v = decide(bundle, identity, target, obj, conceal=conceal, cache=cache)
         patch = patch_kind(ctx.request.method, ctx.request.content_type)
@@ -155,6 +164,7 @@ class Authorizer:
                 stored = await self.owners.fetch(
                     self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
                 )
+                _pin(ctx, v.target, stored)
             if stored is None and (v.allowed or v.relaxable):
                 create = dataclasses.replace(target, verb="create")
                 created = decide(bundle, identity, create, conceal=conceal, cache=cache)
@@ -166,11 +176,12 @@ class Authorizer:
                 # Strategic merge and server-side apply: only the upstream knows what
                 # the object becomes (DESIGN §7), so the owner rule reads its dry run,
                 # against the stored object (None: the write creates it).
-                doc = await self._would_become(ctx)
+                doc = await self._would_become(ctx, fetch_as or identity, v.target)
                 if stored is None and patch != APPLY and v.target is not None:
                     stored = await self.owners.fetch(
                         self.get_json, fetch_as or identity, v.target, ctx.request_id, fresh=True
                     )
+                    _pin(ctx, v.target, stored)
                 obj, patch = stored, RESULT
             else:
                 doc = await ctx.read_json()
@@ -179,14 +190,53 @@ class Authorizer:
             )
         return v
 
-    async def _would_become(self, ctx: RequestContext) -> Any:
+    async def moved(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget | None,
+        pinned: DecidedState,
+    ) -> bool:
+        """Whether the object is no longer in the state a write was decided on (read
+        fresh): a write held to that state and refused with 409/422 was refused for
+        that (decide again), or else for its own reasons (its answer stands)."""
+        if target is None:
+            return False
+        try:
+            now = await self.owners.fetch(
+                self.get_json, identity, target, ctx.request_id, fresh=True
+            )
+        except StatusError:
+            return False  # cannot tell: the refusal stands
+        return DecidedState.of(now) != pinned
+
+    async def _would_become(
+        self, ctx: RequestContext, identity: Identity, target: RequestTarget | None
+    ) -> Any:
         """The object the upstream's dry run of this write answers; its refusal (not
         found, invalid, a conflict) is the answer to the request."""
         if self.dry_run is None:
             raise StatusError(415, "this patch type cannot be checked here; send a merge patch")
-        answer = await self.dry_run(ctx)
+        pinned = ctx.decided_state
+        raw = await ctx.read_body()
+        held = _held_body(ctx, raw, pinned)
+        ctx.body = held
+        try:
+            answer = await self.dry_run(ctx)
+        finally:
+            ctx.body = raw
         if not 200 <= answer.status < 300:
+            if (
+                pinned is not None
+                and answer.status in (409, 422)
+                and await self.moved(ctx, identity, target, pinned)
+            ):
+                raise StateChanged(409, "the object changed after its owner was read")
             raise StatusError(answer.status, _upstream_message(answer.status, answer.body))
+        if pinned is None and answer.status == 201:
+            # An apply that creates: the real write is held to "not there yet" by the
+            # dry run's uid (an object made in between has another).
+            ctx.decided_state = DecidedState.of(answer.object)
         return answer.object
 
 
@@ -206,6 +256,30 @@ class AuthorizeStage:
             raise bad_request("the request target could not be parsed")
         if self.reviews is not None and self.reviews.handles(target):
             return await self.reviews.answer(ctx, self.authz)
+        # A write decided on the object's owner (read fresh) is sent holding the state it
+        # was read in (upstream/preconditions.py); when the object changed before the
+        # write landed, it is decided again on its new state, a bounded number of times.
+        body: list[tuple[bytes | None, Any]] = []
+        for _attempt in range(MAX_ATTEMPTS):
+            if body:
+                ctx.body, ctx.parsed_body = body[0]
+            ctx.decided_state = None
+            try:
+                return await self._decided(ctx, identity, target, call_next, body)
+            except StateChanged:
+                ctx.audit["authz.attempts"] = _attempt + 2
+                if not body:  # nothing read yet that could be restored
+                    body.append((ctx.body, ctx.parsed_body))
+        raise conflict(target.resource, target.name, MAX_ATTEMPTS)
+
+    async def _decided(
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        target: RequestTarget,
+        call_next: Handler,
+        body: list[tuple[bytes | None, Any]],
+    ) -> web.StreamResponse:
         v = await self.authz.authorize(ctx, identity, target)
         ctx.decision = v
         ctx.audit["authz"] = authz_record(v)
@@ -222,20 +296,41 @@ class AuthorizeStage:
                 identity.tenant,
                 v.reason,
             )
-            return await self._forward(ctx, identity, v, call_next)
+            return await self._forward(ctx, identity, v, call_next, body)
         self.metrics.child(self.metrics.decisions, label, v.outcome).inc()
         if not v.allowed:
             if ctx.dry_run:
                 ctx.audit["authz"]["mode"] = "dry-run (not relaxed)"
             raise v.refusal()
-        return await self._forward(ctx, identity, v, call_next)
+        return await self._forward(ctx, identity, v, call_next, body)
 
     async def _forward(
-        self, ctx: RequestContext, identity: Identity, v: Verdict, call_next: Handler
+        self,
+        ctx: RequestContext,
+        identity: Identity,
+        v: Verdict,
+        call_next: Handler,
+        body: list[tuple[bytes | None, Any]] | None = None,
     ) -> web.StreamResponse:
+        pinned = ctx.decided_state
+        if pinned is not None and body is not None and not body:
+            # Held to the state it was decided on, so read now (only once forwarded:
+            # a `100 Continue` waits for the decision), and kept as read for a
+            # decision made again.
+            await ctx.read_body()
+            body.append((ctx.body, ctx.parsed_body))
         self._apply(ctx, identity, v)
         try:
-            return await call_next(ctx)
+            if pinned is None:
+                return await call_next(ctx)
+            ctx.body = _held_body(ctx, await ctx.read_body(), pinned)
+            ctx.read_whole_answer = True  # not sent before its status is judged
+            response = await call_next(ctx)
+            if response.status in (409, 422) and await self.authz.moved(
+                ctx, identity, v.target, pinned
+            ):
+                raise StateChanged(409, "the object changed after its owner was read")
+            return response
         finally:
             self._forget_written(ctx, identity, v)
 
@@ -286,3 +381,35 @@ def forwarded(v: Verdict, dry_run: bool) -> bool:
     """Whether a request with this verdict is forwarded (`modes.forwards`; open watches
     are decided again by the same rule)."""
     return forwards(v, DRY_RUN if dry_run else ENFORCE)
+
+
+# Writes decided on a fresh read of their object: the write holds that read's state.
+# An update or patch of the object or of a subresource that takes the object's
+# `metadata` as a precondition (Kubernetes' status and scale, the reference store's
+# node power), and a delete (DeleteOptions `preconditions`).
+_HELD_VERBS = frozenset({"update", "patch"})
+_HELD_SUBRESOURCES = frozenset({"", "status", "scale", "power"})
+
+
+def _pin(ctx: RequestContext, target: RequestTarget, obj: Any) -> None:
+    """Remember the state of the object a write of it was decided on (a fresh read;
+    None when missing: the write creates it or finds nothing)."""
+    if not target.name or target.extra:
+        return
+    held = (target.verb in _HELD_VERBS and target.subresource in _HELD_SUBRESOURCES) or (
+        target.verb == "delete" and not target.subresource
+    )
+    if held:
+        ctx.decided_state = DecidedState.of(obj) if obj else None
+
+
+def _held_body(ctx: RequestContext, raw: bytes, state: DecidedState | None) -> bytes:
+    """The request's body holding `state` as its precondition (unchanged for None)."""
+    if state is None:
+        return raw
+    request = ctx.request
+    if request.method == "DELETE":
+        return held_delete_options(raw, state)
+    return parse_write_body(
+        request.method, request.content_type, request.headers.get("Content-Encoding", ""), raw
+    ).with_state(state)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sidecar.policy.decision import Verdict
     from sidecar.policy.owner import OwnerListFilter
     from sidecar.policy.source.bundle import PolicyBundle
+    from sidecar.upstream.preconditions import DecidedState
 
 
 _UNSET: Any = object()
@@ -89,6 +90,9 @@ class RequestContext:
     read_whole_answer: bool = False
     # The body parsed as JSON by `read_json` (`_UNSET` until then).
     parsed_body: Any = _UNSET
+    # The state of the object an earlier stage decided this write on (its owner, read
+    # fresh): the write is sent holding it as a precondition (upstream/preconditions.py).
+    decided_state: DecidedState | None = None
 
     @property
     def dry_run(self) -> bool:

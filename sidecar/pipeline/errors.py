@@ -19,6 +19,7 @@ from aiohttp import web
 from sidecar.core.status import StatusError
 from sidecar.pipeline.chain import Handler
 from sidecar.pipeline.context import CLIENT_CLOSED, RequestContext
+from sidecar.pipeline.kubectl_hints import with_kubectl_hint
 from sidecar.wire.status import response as status_response
 
 log = logging.getLogger("sidecar")
@@ -47,6 +48,8 @@ class ErrorStage:
         try:
             response = await call_next(ctx)
         except StatusError as exc:
+            if exc.code == 415:  # what a kubectl user can do about it
+                exc = with_kubectl_hint(exc, ctx.request.method, _shown_path(ctx))
             response = answer(ctx, exc)
         except ConnectionResetError:
             response = web.Response(status=CLIENT_CLOSED)
@@ -56,3 +59,13 @@ class ErrorStage:
             response = error_response(ctx, ctx.error)
         ctx.status = response.status
         return response
+
+
+def _shown_path(ctx: RequestContext) -> str:
+    """The path a kubectl user would pass to `--raw`: the target as decided, with its
+    tenant written out (kubectl sends a `--raw` path as it is, without the context's
+    `/tenants/{t}` or a short path's tenant)."""
+    target = ctx.target
+    if target is not None and target.upstream_path and target.tenant is not None:
+        return target.upstream_path
+    return target.path if target is not None and target.path else ctx.request.path

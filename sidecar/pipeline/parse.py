@@ -17,6 +17,7 @@ from sidecar.core.status import StatusError
 from sidecar.core.target import RequestTarget, TargetError, parse_target
 from sidecar.pipeline.chain import Handler
 from sidecar.pipeline.context import RequestContext
+from sidecar.pipeline.tenant_context import contextual
 
 CACHE_SIZE = 4096
 # Only targets up to this length are remembered, so the cache holds at most about
@@ -47,7 +48,7 @@ class ParseStage:
             parsed = self._parse(*key)
         if isinstance(parsed, TargetError):
             raise StatusError(parsed.code, parsed.message)
-        ctx.target = parsed
+        ctx.target = contextual(request, parsed)  # a `/tenants/{t}` context (DESIGN §3)
         return await call_next(ctx)
 
     def _parse(self, method: str, raw: str) -> RequestTarget | TargetError:

@@ -48,6 +48,7 @@ detail goes to the log, never into the body.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -90,6 +91,13 @@ from sidecar.services.quota.reconcile import (
 from sidecar.services.quota.settle import Settler
 from sidecar.upstream.client import DryRunAnswer, UpstreamClient, UpstreamError
 from sidecar.upstream.pool import UpstreamUnreachable
+from sidecar.upstream.preconditions import (
+    MAX_ATTEMPTS,
+    DecidedState,
+    StateChanged,
+    conflict,
+    parse_write_body,
+)
 
 log = logging.getLogger("sidecar.quota")
 
@@ -191,6 +199,12 @@ class QuotaStage:
         if target is None or identity is None or not target.resource_request:
             return await call_next(ctx)
         if target.subresource:
+            if _is_eviction(target):  # evicting deletes the pod (`kubectl drain`)
+                return await self._evicted(ctx, call_next, target)
+            if target.verb in WRITE_VERBS and target.name and target.tenant:
+                tracked = _tracked_item(target)
+                if tracked is not None:
+                    return await self._subresource_write(ctx, call_next, target, tracked)
             return await call_next(ctx)
         dry = await is_dry_run_all(ctx) if target.verb in WRITE_VERBS else False
         if target.verb == "create":
@@ -202,9 +216,15 @@ class QuotaStage:
             if tracked is not None and target.name and target.tenant:
                 return await self._update(ctx, call_next, target, tracked, dry)
         elif target.verb in ("delete", "deletecollection"):
+            # The delete is booked as made when it was sent (issue 28): a record made
+            # before then is of an object the store deleted; one made after it (an
+            # object made again while the delete's answer was on its way) is kept,
+            # never returned for an object that still exists (an over-count at worst,
+            # which the next reconcile corrects, never an under-count).
+            sent_at = self.ledger.clock()
             response = await call_next(ctx)
             if 200 <= response.status < 300 and not dry:
-                await self._after_delete(target, response)
+                await self._after_delete(target, response, sent_at)
             return response
         return await call_next(ctx)
 
@@ -406,70 +426,200 @@ class QuotaStage:
             self.metrics.ledger_errors.labels("reserve").inc()
             ledger_down = exc
         settled = False
+        raw = await ctx.read_body()
         try:
-            would = await self.upstream.dry_run(ctx)
-            if not 200 <= would.status < 300:
-                # Refused by the upstream (not found, invalid, a conflict…): that answer,
-                # and nothing forwarded, nothing reserved.
-                ctx.audit["quota"] = "refused by the upstream's dry run"
-                return _passed_on(ctx, would)
-            if not isinstance(would.object, dict):
-                raise UpstreamError(502, "the upstream's dry run did not answer with an object")
-            new_charge = _charge(tracked, would.object)
-            if lock is None:
-                assert ledger_down is not None
-                return await self._unrecorded(
-                    ctx, call_next, target, tracked, new_charge, ledger_down
-                )
-            quotas = ctx.policy.quotas
-            tenant_limits, _ = quotas.tenant_limits(tenant)
-            ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
-            try:
-                # An object the ledger has not recorded is charged whole (its commit adds
-                # its whole charge to `used`); a recorded one by its increase.
-                lock = await self.ledger.reserve_change(
-                    lock, obj, new_charge, {}, tenant_limits, ns_limits
-                )
-            except QuotaExceeded as exc:
-                self._refused(ctx, exc)
-            except LedgerError as exc:
-                self.metrics.ledger_errors.labels("reserve").inc()
-                raise ledger_unavailable(
-                    exc, "reserve", f"updates of {tracked.resource} are refused"
-                ) from None
-            else:
-                ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
-            self.gauges.mark(tenant)
-            if dry:
-                return await self._checked_only(ctx, call_next)
-            ctx.read_whole_answer = True
-            held = lock
-            try:
-                response = await call_next(ctx)
-            except StatusError as exc:
-                if isinstance(exc, UpstreamError) and not _never_sent(exc):
+            # The body read once as the upstream reads it: the dry run and the real
+            # write send the same bytes but for the precondition (415/400 here, with
+            # nothing sent or reserved).
+            body = parse_write_body(
+                ctx.request.method,
+                ctx.request.content_type,
+                ctx.request.headers.get("Content-Encoding", ""),
+                raw,
+            )
+            # An earlier stage decided on a state of the object (its owner, read fresh):
+            # the dry run is held to that state too, and a change means deciding again.
+            pinned = ctx.decided_state
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                ctx.body = body.with_state(pinned)
+                would = await self.upstream.dry_run(ctx)
+                if not 200 <= would.status < 300:
+                    if (
+                        pinned is not None
+                        and would.status in body.changed_statuses
+                        and await self._moved(ctx, target, pinned)
+                    ):
+                        raise StateChanged(409, "the object changed after it was decided on")
+                    # Refused by the upstream (not found, invalid, a conflict…): that
+                    # answer, and nothing forwarded, nothing reserved.
+                    ctx.audit["quota"] = "refused by the upstream's dry run"
+                    return _passed_on(ctx, would)
+                if not isinstance(would.object, dict):
+                    raise UpstreamError(502, "the upstream's dry run did not answer with an object")
+                new_charge = _charge(tracked, would.object)
+                # The state the dry run was made on: the real write is held to it (to
+                # the earlier stage's, when one decided: the dry run was held to it too).
+                state = DecidedState.of(would.object)
+                if state is None or (
+                    pinned is not None and state.resource_version != pinned.resource_version
+                ):
+                    raise UpstreamError(
+                        502, "the upstream's dry run did not answer with the object's version"
+                    )
+                state = pinned or state
+                if lock is None:
+                    assert ledger_down is not None
+                    ctx.body = body.with_state(state)
+                    return await self._unrecorded(
+                        ctx, call_next, target, tracked, new_charge, ledger_down
+                    )
+                quotas = ctx.policy.quotas
+                tenant_limits, _ = quotas.tenant_limits(tenant)
+                ns_limits = quotas.namespace_limits(tenant, namespace) if namespace else {}
+                try:
+                    # An object the ledger has not recorded is charged whole (its commit
+                    # adds its whole charge to `used`); a recorded one by its increase.
+                    # Made again on a later attempt, it replaces the earlier increase.
+                    lock = await self.ledger.reserve_change(
+                        lock, obj, new_charge, {}, tenant_limits, ns_limits
+                    )
+                except QuotaExceeded as exc:
+                    self._refused(ctx, exc)
+                except LedgerError as exc:
+                    self.metrics.ledger_errors.labels("reserve").inc()
+                    raise ledger_unavailable(
+                        exc, "reserve", f"updates of {tracked.resource} are refused"
+                    ) from None
+                else:
+                    ctx.audit.setdefault("quota", "reserved" if lock.charge else "unchanged")
+                self.gauges.mark(tenant)
+                if dry:
+                    return await self._checked_only(ctx, call_next)
+                ctx.body = body.with_state(state)
+                ctx.read_whole_answer = True
+                held = lock
+                try:
+                    response = await call_next(ctx)
+                except StatusError as exc:
+                    if isinstance(exc, UpstreamError) and not _never_sent(exc):
+                        settled = True
+                        ctx.audit["quota"] = "unsettled"
+                        self.settler.settle_update(held, obj, new_charge)
+                    raise
+                except BaseException:
                     settled = True
                     ctx.audit["quota"] = "unsettled"
                     self.settler.settle_update(held, obj, new_charge)
-                raise
-            except BaseException:
-                settled = True
-                ctx.audit["quota"] = "unsettled"
-                self.settler.settle_update(held, obj, new_charge)
-                raise
-            if 200 <= response.status < 300:
-                settled = True
-                final = _object_charge(tracked, _parsed(_answer(response))) or new_charge
-                await self.settler.now_or_later(
-                    lambda: self.ledger.commit_change(held, obj, final), "commit_change"
-                )
-            elif response.status >= 500:
-                settled = True
-                ctx.audit["quota"] = "unsettled"
-                self.settler.settle_update(held, obj, new_charge)
-            return response
+                    raise
+                if 200 <= response.status < 300:
+                    settled = True
+                    final = _object_charge(tracked, _parsed(_answer(response))) or new_charge
+                    booked = self._bookable(ctx, obj, final, new_charge)
+                    await self.settler.now_or_later(
+                        partial(self.ledger.commit_change, held, obj, booked), "commit_change"
+                    )
+                    return response
+                if response.status >= 500:
+                    settled = True
+                    ctx.audit["quota"] = "unsettled"
+                    self.settler.settle_update(held, obj, new_charge)
+                    return response
+                if response.status not in body.changed_statuses:
+                    return response  # refused for another reason: released below
+                # The object changed between the dry run and the write, which the
+                # upstream refused: decide again on its new state.
+                ctx.audit["quota.attempts"] = attempt + 1
+                if pinned is not None:
+                    raise StateChanged(409, "the object changed after it was decided on")
+            ctx.audit["quota"] = "conflict: the object kept changing"
+            raise conflict(tracked.resource, target.name, MAX_ATTEMPTS)
+        except StateChanged:
+            ctx.body = raw  # decided again from the request as it came
+            raise
         finally:
             if lock is not None and not settled:
+                await self._release(lock)
+
+    async def _moved(
+        self, ctx: RequestContext, target: RequestTarget, pinned: DecidedState
+    ) -> bool:
+        """Whether the object is no longer in the state an earlier stage decided on (a
+        dry run held to it refused with 409/422 for that reason, not its own)."""
+        try:
+            status, now = await self.upstream.get_json(
+                target.upstream_path, ctx.identity, request_id=ctx.request_id
+            )
+        except StatusError:
+            return False  # cannot tell: the dry run's own answer stands
+        if status not in (200, 404):
+            return False  # cannot tell: the dry run's own answer stands
+        return DecidedState.of(now if status == 200 else None) != pinned
+
+    def _bookable(
+        self, ctx: RequestContext, obj: ObjectRef, final: Charge, reserved: Charge
+    ) -> Charge:
+        """What a commit books: the stored object's charge, unless it is more than was
+        reserved for it (`reserved`: the charge checked against the quota) in any
+        resource. That never happens while every write carries its decided state
+        (defence in depth): it is logged and counted, the reserved charge is booked,
+        and the tenant is reconciled at once, so the ledger shows what the store holds."""
+        excess = {r: n - reserved.get(r, 0) for r, n in final.items() if n > reserved.get(r, 0)}
+        if not excess:
+            return final
+        label = self.metrics.tenant(obj.tenant)
+        for resource in excess:
+            self.metrics.quota_overcommit.labels(label, resource).inc()
+        log.error(
+            "request %s: the store holds %s %r charged more than was reserved (%s over); "
+            "booked as reserved, reconciling tenant %s",
+            ctx.request_id,
+            obj.resource,
+            obj.name,
+            ", ".join(f"{r} +{format_units(r, n)}" for r, n in sorted(excess.items())),
+            obj.tenant,
+        )
+        ctx.audit["quota"] = "overcommit refused"
+        self.reconciles.request(obj.tenant)
+        return {r: min(n, reserved.get(r, 0)) for r, n in final.items() if reserved.get(r, 0)}
+
+    # -- subresource writes -----------------------------------------------------------
+
+    async def _subresource_write(
+        self,
+        ctx: RequestContext,
+        call_next: Handler,
+        target: RequestTarget,
+        tracked: Tracked,
+    ) -> web.StreamResponse:
+        """A write to a subresource of a tracked object (`status`, a server's `tags`, any
+        other) takes the same per-object claim as an update of the object (409 while
+        one is in flight), so it cannot land between a charged update's dry run and
+        its write through this ledger; writes that bypass the sidecar are caught by
+        that write's precondition. A ledger that cannot be reached claims nothing (the
+        charged update is then held by its precondition alone)."""
+        assert target.tenant is not None
+        tenant, namespace = target.tenant, target.namespace or ""
+        obj = ObjectRef(tenant, namespace, tracked.resource, target.name)
+        rid = new_reservation_id()
+        try:
+            lock: Reservation | None = await self._guarded(
+                Reservation(rid, tenant, namespace, {}, self.ledger.clock()),
+                lambda: self.ledger.reserve(tenant, namespace, {}, {}, {}, rid, object_claim(obj)),
+            )
+        except ClaimConflict:
+            raise StatusError(
+                409,
+                f'an update of {tracked.resource} "{target.name}" is in progress; retry',
+                reason="Conflict",
+            ) from None
+        except LedgerError as exc:
+            self.metrics.ledger_errors.labels("reserve").inc()
+            log.warning("quota ledger failed on a subresource claim: %s", exc.detail)
+            lock = None
+        try:
+            return await call_next(ctx)
+        finally:
+            if lock is not None:
                 await self._release(lock)
 
     async def _unrecorded(
@@ -514,14 +664,16 @@ class QuotaStage:
 
     # -- deletes ------------------------------------------------------------------------
 
-    async def _after_delete(self, target: RequestTarget, response: web.StreamResponse) -> None:
+    async def _after_delete(
+        self, target: RequestTarget, response: web.StreamResponse, at: float
+    ) -> None:
         """Return what a successful delete freed. A ledger that fails (or stalls past its
         timeout) is asked again until it answers; the delete is made at the time it
         happened, so a repeat returns a charge once and never that of an object of the
         same name made since. A deletecollection that deleted something (its answer
         says so: `deleted_something`) has the tenant recounted, one reconcile at a time
-        per tenant (`Reconciles`); one that deleted nothing costs nothing."""
-        at = self.ledger.clock()
+        per tenant (`Reconciles`); one that deleted nothing costs nothing. `at`: when
+        the delete was sent."""
         call: Callable[[], Awaitable[Any]]
         if target.verb == "delete":
             if target.scope == Scope.CLUSTER and target.resource == "tenants":
@@ -539,6 +691,23 @@ class QuotaStage:
             # A streamed answer (not read whole: large, or of unknown length) is None.
             if deleted_something(_answer(response)):
                 self.reconciles.request(target.tenant)
+
+    async def _evicted(
+        self, ctx: RequestContext, call_next: Handler, target: RequestTarget
+    ) -> web.StreamResponse:
+        """An eviction the store accepted deleted the pod: what it was charged returns
+        as on a delete (nothing on a dry run, in the query or in `deleteOptions`)."""
+        dry = await is_dry_run_all(ctx)
+        body = await ctx.read_json() if ctx.request.body_exists else None
+        options = body.get("deleteOptions") if isinstance(body, dict) else None
+        if isinstance(options, dict) and options.get("dryRun"):
+            dry = True
+        sent_at = self.ledger.clock()
+        response = await call_next(ctx)
+        if 200 <= response.status < 300 and not dry:
+            pod = dataclasses.replace(target, verb="delete", subresource="", extra=())
+            await self._after_delete(pod, response, sent_at)
+        return response
 
     # -- dryRun=All ----------------------------------------------------------------------
 
@@ -580,6 +749,17 @@ async def is_dry_run_all(ctx: RequestContext) -> bool:
                 f"{DRY_RUN_ALL!r}"
             )
     return bool(values)
+
+
+def _is_eviction(target: RequestTarget) -> bool:
+    return (
+        target.verb == "create"
+        and target.api_group == ""
+        and target.resource == "pods"
+        and target.subresource == "eviction"
+        and bool(target.name)
+        and not target.extra
+    )
 
 
 def _charge(tracked: Tracked, obj: dict[str, Any]) -> Charge:

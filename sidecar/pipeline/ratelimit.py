@@ -24,6 +24,8 @@ one audit record a second (sidecar/services/audit.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from sidecar.config.settings import RATE_LIMIT_REDIS_PREFIX, RateLimitConfig
@@ -150,8 +152,15 @@ class TenantRateLimitStage:
 
     name = "ratelimit"
 
-    def __init__(self, limiter: RateLimiter) -> None:
+    def __init__(
+        self,
+        limiter: RateLimiter,
+        already_charged: Callable[[web.Request], bool] | None = None,
+    ) -> None:
         self.limiter = limiter
+        # A request the decision service already charged (its "already decided"
+        # marker, sidecar/edge/authz/marker.py) takes its slot but spends no token here.
+        self.already_charged = already_charged
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         identity = ctx.identity
@@ -195,7 +204,8 @@ class TenantRateLimitStage:
                 ),
             )
         try:
-            verdict = await self._check(ctx, tenant, specs, keys, dry)
+            charged = self.already_charged is not None and self.already_charged(ctx.request)
+            verdict = None if charged else await self._check(ctx, tenant, specs, keys, dry)
             if isinstance(verdict, StatusError):
                 return answer(ctx, verdict)
             if verdict is not None:

@@ -34,6 +34,7 @@ from sidecar.core.target import RequestTarget
 from sidecar.pipeline.chain import Handler
 from sidecar.pipeline.context import RequestContext
 from sidecar.services.codecs.kube_protobuf import KINDS, MEDIA_TYPE, read_kind, transcode_request
+from sidecar.services.codecs.kube_protobuf.schema import OPTION_KINDS
 
 JSON = "application/json"
 CBOR = "application/cbor"
@@ -41,11 +42,15 @@ CBOR = "application/cbor"
 # kind → the (API group, resource) a body of that kind may be sent to (kube_protobuf's
 # table; a kind name is one kind whatever its group, so the kind alone decides).
 KIND_TARGETS: dict[str, tuple[str, str]] = {
-    kind: (found.group, found.resource) for (_, kind), found in KINDS.items()
+    kind: (found.group, found.resource)
+    for (_, kind), found in KINDS.items()
+    if kind not in OPTION_KINDS
 }
-assert len(KIND_TARGETS) == len(KINDS), "a kind name in two API groups"
-# A whole object: protobuf has no patch types.
-_METHODS = frozenset({"POST", "PUT"})
+assert len(KIND_TARGETS) == len([k for _, k in KINDS if k not in OPTION_KINDS]), (
+    "a kind name in two API groups"
+)
+# A whole object (protobuf has no patch types), or a DELETE's DeleteOptions.
+_METHODS = frozenset({"POST", "PUT", "DELETE"})
 
 
 def is_cbor(content_type: str) -> bool:
@@ -56,12 +61,21 @@ def check_method(method: str) -> None:
     """415 for a protobuf body on a method that does not send a whole object."""
     if method not in _METHODS:
         raise StatusError(
-            415, "the sidecar reads Kubernetes protobuf only in POST and PUT bodies; send JSON"
+            415,
+            "the sidecar reads Kubernetes protobuf only in POST and PUT bodies (and "
+            "DeleteOptions in DELETE); send JSON",
         )
 
 
 def check_target(kind: str, target: RequestTarget | None) -> None:
-    """400 unless a `kind` object belongs to the resource the request targets."""
+    """400 unless a `kind` object belongs to the resource the request targets: an
+    object to its resource (POST, PUT), DeleteOptions to a DELETE, an Eviction to
+    `pods/{name}/eviction` (`kubectl drain`)."""
+    if kind in OPTION_KINDS:
+        _check_options(kind, target)
+        return
+    if target is not None and target.verb in ("delete", "deletecollection"):
+        raise StatusError(400, f"a DELETE takes a DeleteOptions body, not a {kind}")
     expected = KIND_TARGETS.get(kind)
     if (
         expected is None
@@ -72,6 +86,24 @@ def check_target(kind: str, target: RequestTarget | None) -> None:
     ):
         where = target.full_resource if target and target.resource_request else "this URL"
         raise StatusError(400, f"a protobuf {kind} body cannot be sent to {where}")
+
+
+def _check_options(kind: str, target: RequestTarget | None) -> None:
+    if target is None or not target.resource_request:
+        raise StatusError(400, f"a protobuf {kind} body cannot be sent to this URL")
+    if kind == "DeleteOptions":
+        if target.verb not in ("delete", "deletecollection"):
+            raise StatusError(400, "a DeleteOptions body belongs to a DELETE")
+        return
+    if not (
+        target.verb == "create"
+        and target.api_group == ""
+        and target.resource == "pods"
+        and target.subresource == "eviction"
+        and target.name
+        and not target.extra
+    ):
+        raise StatusError(400, "an Eviction body belongs to POST …/pods/{name}/eviction")
 
 
 class TranscodeStage:

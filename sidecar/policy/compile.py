@@ -75,7 +75,16 @@ def split_set(value: str) -> frozenset[str]:
     return frozenset(value.split(","))
 
 
+# An access review's `*` ("any verb", "any group", "any resource": `kubectl auth can-i
+# '*' '*'`), matched only by a rule with `*` in that place, as in Kubernetes. A request's
+# own `*` is literal and matches nothing; this form never comes from a URL (the target
+# parser refuses control characters) and reviews make it from an exact `*` only.
+ANY = "\x00*"
+
+
 def _bad_request_value(value: str) -> bool:
+    if value.startswith(ANY):
+        value = value[len(ANY) :]
     return "*" in value
 
 
@@ -101,7 +110,8 @@ def rule_match(
     pact: str,
 ) -> bool:
     """Kubernetes rule matching. Request values are literal: a request naming `*` (or
-    anything with `*` in its group, resource or verb) matches nothing."""
+    anything with `*` in its group, resource or verb) matches nothing; an access
+    review's "any" (`ANY`) matches the rules with `*` there."""
     if _bad_request_value(act):
         return False
     verbs = split_set(pact)

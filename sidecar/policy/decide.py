@@ -229,8 +229,8 @@ def _owner_rules(
             f"{verb} is granted only by an owner rule ({first.explain()}), which cannot decide it",
             first.owner_field,
         )
-    if verb in ("list", "create"):  # a list is filtered, a create's body checked
-        what = "listed" if verb == "list" else "created"
+    if verb in ("list", "watch", "create"):  # lists, watches filtered; a create's body checked
+        what = {"list": "listed", "watch": "watched"}.get(verb, "created")
         return Verdict(
             "filter",
             f"only objects owned by tenant {tenant!r} may be {what}: owner rule via "
@@ -280,7 +280,9 @@ def _owner_constraints(
     rules only is filtered; the body of a write of an object that carries an owner
     keeps the owner the caller's tenant, unless a cluster-wide grant allows it."""
     list_field = (
-        verdict.owner_field if verdict.outcome == "filter" and target.verb == "list" else ""
+        verdict.owner_field
+        if verdict.outcome == "filter" and target.verb in ("list", "watch")
+        else ""
     )
     fields: dict[str, None] = {}
     foreign = False

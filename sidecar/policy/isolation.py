@@ -25,7 +25,10 @@ and the quota API cannot disagree.
     may not touch from one that does not exist.
   * Users of the `system` tenant are operators: a cluster-level refusal is an honest
     403 for them (they know what exists). A target in another tenant is concealed
-    from them like from anyone (§5 names no exception).
+    from them like from anyone, except the reserved tenants `default` and `system`,
+    which always exist (§5): concealing them from a `system` identity (an operator's
+    `kubectl --as alice`, alice of tenant `system`) would answer a lie, `tenants
+    "default" not found`; the answer is an honest 403 that says who was refused.
   * The sidecar's own quota API (`quota.sidecar`) hides nothing at cluster level
     (its URLs are documented and hold no tenant's objects): 403 there, except for a
     target naming another tenant.
@@ -46,7 +49,7 @@ from sidecar.core.status import (
     not_found,
     tenant_not_found,
 )
-from sidecar.core.target import RequestTarget, Scope
+from sidecar.core.target import RESERVED_TENANTS, RequestTarget, Scope
 
 # The sidecar's own quota API, authorized as this group's cluster-scoped `quotas`. Its
 # URLs are documented and hold no tenant's objects at cluster level, so a refusal there
@@ -85,14 +88,33 @@ def refusal(
     own_tenant = target.tenant == identity.tenant
     cluster = target.scope == Scope.CLUSTER
     operator_at_cluster = cluster and identity.is_operator
-    if conceal and not own_tenant and not operator_at_cluster:
+    # The reserved tenants always exist and operators know it: concealing them from a
+    # `system` identity (`kubectl --as alice` without a tenant) would say a lie.
+    operator_reserved = identity.is_operator and target.tenant in RESERVED_TENANTS
+    if conceal and not own_tenant and not operator_at_cluster and not operator_reserved:
         if target.tenant is not None and (isolated or cluster):
             return tenant_not_found(target.tenant)
         if target.tenant is None and cluster and target.api_group not in UNCONCEALED_GROUPS:
             return not_found(target.resource, target.name)
     if isolated and not own_tenant:
-        return forbidden(isolation_message(identity, target))
-    return forbidden(forbidden_message(identity.user, identity.tenant, target))
+        return forbidden(isolation_message(identity, target) + impersonation_hint(identity))
+    message = forbidden_message(identity.user, identity.tenant, target)
+    return forbidden(message + impersonation_hint(identity))
+
+
+def impersonation_hint(identity: Identity) -> str:
+    """What an operator impersonating a user without naming a tenant should know: the
+    user is one of the operator's own tenant (`system`), not of any tenant (DESIGN §4);
+    kubectl names a tenant only through the kubeconfig's `as-user-extra`."""
+    by = identity.impersonated_by
+    if by is None or not identity.is_operator or by.tenant != identity.tenant:
+        return ""
+    return (
+        f' (impersonated: "{identity.user}" of tenant "{identity.tenant}", the '
+        "impersonator's own; to act as a tenant's user name its tenant, "
+        "e.g. kubeconfig as-user-extra: {tenant: [acme]} or `sidecar kubeconfig --as "
+        f"{identity.user} --as-tenant acme`)"
+    )
 
 
 def isolation_message(identity: Identity, target: RequestTarget) -> str:

@@ -48,9 +48,10 @@ NON_RESOURCE_VERBS = frozenset({"get", "head", "post", "put", "patch", "delete",
 # Verbs an owner rule decides for one named object, by the stored object's owner
 # (subresources included).
 OWNER_ITEM_VERBS = frozenset({"get", "update", "patch", "delete"})
-# Verbs an owner rule can decide: items by their stored owner, lists by filtering,
-# creates by the body's owner. A deletecollection or a watch stream cannot be filtered.
-OWNER_VERBS = OWNER_ITEM_VERBS | {"list", "create", "*"}
+# Verbs an owner rule can decide: items by their stored owner, lists and watches by
+# filtering (a watch's events, `sidecar/services/watchfilter.py`), creates by the body's
+# owner. A deletecollection cannot be filtered.
+OWNER_VERBS = OWNER_ITEM_VERBS | {"list", "watch", "create", "*"}
 SUBJECT_KINDS = frozenset({"User", "Group", "ServiceAccount"})
 AUTHENTICATED_GROUP = "system:authenticated"
 DEFAULT_OWNER_FIELD = "spec.owner"
@@ -172,11 +173,12 @@ class RbacPolicy:
 
 
 def owner_rule_decides(verb: str, name: str) -> bool:
-    """Whether an owner rule can decide a request: a list (filtered by owner), a create
+    """Whether an owner rule can decide a request: a list or a watch (filtered by
+    owner), a create
     of an unnamed object (by its body's owner), or one named object (by its stored
     owner, `OWNER_ITEM_VERBS`). Anything else it grants cannot be decided by owner."""
     return (
-        verb == "list"
+        verb in ("list", "watch")
         or (verb == "create" and not name)
         or (bool(name) and verb in OWNER_ITEM_VERBS)
     )
@@ -457,7 +459,7 @@ def _checked_rule(
                 elif owner and v not in OWNER_VERBS:
                     c.error(
                         f"'when: owner' has no meaning for verb {v!r} "
-                        "(deletecollection and watch cannot be filtered by owner)",
+                        "(deletecollection cannot be filtered by owner)",
                         raw["verbs"],
                         i,
                     )

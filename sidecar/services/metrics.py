@@ -30,15 +30,18 @@ import asyncio
 import contextlib
 import os
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     Info,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
     multiprocess,
     values,
@@ -138,7 +141,15 @@ class _FlushFirst:
 
     def collect(self) -> Iterable[Any]:
         self.metrics.flush()
+        self.metrics.refresh()
         return []
+
+
+def _runtime_collectors(registry: CollectorRegistry) -> None:
+    """process_* (CPU, memory, open fds, start time), python_info, python_gc_*."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
 
 
 class Metrics:
@@ -247,6 +258,15 @@ class Metrics:
         self.ledger_errors = Counter(
             "sidecar_ledger_errors_total", "Ledger operations that failed.", ["op"], registry=r
         )
+        # Defence in depth (issue 28): a commit that would book more than was reserved
+        # books the reservation and reconciles the tenant; it should never happen.
+        self.quota_overcommit = Counter(
+            "sidecar_quota_overcommit_total",
+            "Commits refused because the stored object is charged more than was reserved "
+            "(booked as reserved; the tenant is reconciled at once), by tenant and resource.",
+            ["tenant", "resource"],
+            registry=r,
+        )
         # Readiness: each check of the last /readyz evaluation (1 ok, 0 failing), so an
         # outage that keeps /readyz at 200 (ledger, global tier) still shows here.
         self.ready_check = Gauge(
@@ -262,6 +282,52 @@ class Metrics:
             "Audit lines dropped because the sink was slower than the traffic.",
             registry=r,
         )
+        # Operations (sidecar/edge/ops_metrics.py sets them; deploy/monitoring uses
+        # them): refreshed before every scrape and every FLUSH_SECONDS by `refreshers`.
+        self.refreshers: list[Callable[[], None]] = []
+        self.watches_open = Gauge(
+            "sidecar_watches_open",
+            "Watches open now, by caller tenant.",
+            ["tenant"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        # The certificate's gauges exist only once the listener serves TLS
+        # (`serving_tls()`): a 0 would read as "expired" to an alert.
+        self.tls_expiry: Gauge | None = None
+        self.tls_reload_ok: Gauge | None = None
+        self.policy_source_ok = Gauge(
+            "sidecar_policy_source_ok",
+            "0 while the last change of the policy files was refused (the last good policy "
+            "stays in force), else 1.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.policy_loaded = Gauge(
+            "sidecar_policy_loaded_timestamp_seconds",
+            "When the policy revision in force was loaded (Unix time).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.ledger_up = Gauge(
+            "sidecar_ledger_up",
+            "1 when the quota ledger answered its last check (a heartbeat write), else 0.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        # Series that exist from the start at 0, so rate() and increase() see their
+        # first event and dashboards show 0, not "no data".
+        for kind in ("refused", "timeout", "reset"):
+            self.upstream_errors.labels(kind)
+        for result in ("success", "unchanged", "failure"):
+            self.policy_reloads.labels(result)
+        for result in ("hit", "miss"):
+            self.decision_cache.labels(result)
+        for op in ("reserve", "commit", "commit_change", "release", "mark_unsettled", "delete"):
+            self.ledger_errors.labels(op)
+        # Process and runtime: CPU, memory, open fds, start time (process_*), the Python
+        # version (python_info) and the garbage collector (python_gc_*).
+        _runtime_collectors(r)
         self._scraped = self._scrape_registry()
 
     def _scrape_registry(self) -> CollectorRegistry:
@@ -274,7 +340,37 @@ class Metrics:
         scraped.register(_FlushFirst(self))
         multiprocess.MultiProcessCollector(scraped, path=directory)  # type: ignore[no-untyped-call]
         scraped.register(self.policy_info)
+        # The answering worker's own process and runtime figures.
+        _runtime_collectors(scraped)
         return scraped
+
+    def serving_tls(self) -> tuple[Gauge, Gauge]:
+        """The listener serves TLS: the certificate's gauges, made on first use."""
+        if self.tls_expiry is None or self.tls_reload_ok is None:
+            self.tls_expiry = Gauge(
+                "sidecar_tls_certificate_expiry_timestamp_seconds",
+                "When the serving certificate expires (Unix time; its notAfter).",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
+            self.tls_reload_ok = Gauge(
+                "sidecar_tls_certificate_reload_ok",
+                "0 while the last change of the certificate files was refused (the last "
+                "good pair keeps serving), else 1.",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
+        return self.tls_expiry, self.tls_reload_ok
+
+    def refresh(self) -> None:
+        """Run the refreshers (gauges read from the services' state, cheap and sync)."""
+        for refresher in self.refreshers:
+            try:
+                refresher()
+            except Exception:  # a scrape must answer whatever a refresher does
+                import logging
+
+                logging.getLogger("sidecar").exception("a metrics refresher failed")
 
     def tenant(self, tenant: str | None) -> str:
         """The label value for a tenant: itself while under the cap, else `_other`."""
@@ -325,6 +421,7 @@ class Metrics:
             while True:
                 await asyncio.sleep(FLUSH_SECONDS)
                 self.flush()
+                self.refresh()
 
         task = asyncio.create_task(loop(), name="metrics-flush")
         try:

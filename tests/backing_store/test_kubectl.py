@@ -228,7 +228,8 @@ def test_get_prints_the_stores_columns(kubectl: Kubectl) -> None:
     assert servers[0].split() == ["NAME", "TAGS", "STATUS", "AGE"]
     assert servers[1].split()[:3] == ["web1", "prod,web", "<none>"]
     wide = kubectl.run("get", "servers", "-A").stdout.splitlines()
-    assert wide[0].split() == ["NAMESPACE", "NAME", "TAGS", "STATUS", "AGE"]
+    # Across every tenant: which tenant a row is from comes first (DESIGN §3).
+    assert wide[0].split() == ["NAMESPACE", "TENANT", "NAME", "TAGS", "STATUS", "AGE"]
 
 
 def test_delete_answers_a_status_kubectl_reads(kubectl: Kubectl) -> None:

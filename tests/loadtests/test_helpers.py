@@ -233,3 +233,18 @@ def test_bench_targets_read_the_policy_figures() -> None:
         "decision p99 on a miss <= 250 us": False,
         "a reload of 100,001 lines pauses the loop <= 10 ms": False,
     }
+
+
+def test_a_verdict_judges_the_figure_as_printed() -> None:
+    from loadtests.report import meets
+
+    assert meets(2.0, "<=", 2.0, ".2f")
+    assert meets(2.004, "<=", 2, ".2f")  # printed 2.00: "2.00 (target <= 2)" passes
+    assert not meets(2.006, "<=", 2, ".2f")  # printed 2.01
+    assert meets(64.04, "<=", 64.0, ".1f")
+    assert not meets(64.06, "<=", 64.0, ".1f")
+    assert meets(0.846, ">=", 0.85, ".2f")  # printed 0.85
+    assert not meets(0.844, ">=", 0.85, ".2f")
+    assert not meets(math.nan, "<=", 2, ".2f")
+    with pytest.raises(ValueError, match="unknown comparison"):
+        meets(1.0, "<", 2, ".2f")

@@ -104,7 +104,11 @@ class ClusterEnv:
         return "\n".join(p.log()[-4000:] for p in self.procs)
 
 
-def start_cluster(tmp: Path) -> ClusterEnv:
+def start_cluster(
+    tmp: Path, policies: Path = SHIPPED_POLICIES, extra: dict[str, Any] | None = None
+) -> ClusterEnv:
+    """`policies`: the policy directory the sidecar runs (default the shipped one);
+    `extra`: more sidecar config keys."""
     ca = make_ca("e2e test CA")
     cert_pem, key_pem = ca.issue()
     ca_file, cert_file, key_file = tmp / "ca.crt", tmp / "tls.crt", tmp / "tls.key"
@@ -122,10 +126,11 @@ def start_cluster(tmp: Path) -> ClusterEnv:
     store = processes.start_store(tmp)
     config = {
         "upstream": store.url,
-        "policies": str(SHIPPED_POLICIES),
+        "policies": str(policies),
         "identity": {"tokenFile": str(tokens)},
         "reload": {"enabled": False},
         "tls": {"certFile": str(cert_file), "keyFile": str(key_file)},
+        **(extra or {}),
     }
     trust = ssl.create_default_context(cafile=str(ca_file))
     try:

@@ -99,7 +99,11 @@ class RecordingUpstream:
     async def handle(self, request: web.Request) -> web.Response:
         await request.read()
         self.seen.append(Seen(request.method, request.raw_path, list(request.headers.items())))
-        return web.json_response({"kind": "Recorded", "path": request.raw_path})
+        # A resourceVersion as a real store's answers carry (a charged update's real
+        # write holds the dry run's version: issue 28).
+        return web.json_response(
+            {"kind": "Recorded", "path": request.raw_path, "metadata": {"resourceVersion": "1"}}
+        )
 
 
 @asynccontextmanager

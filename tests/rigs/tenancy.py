@@ -53,6 +53,7 @@ class Recorder:
             if k.lower()
             in (
                 "content-type",
+                "accept",
                 "x-remote-user",
                 "x-remote-tenant",
                 "x-remote-group",

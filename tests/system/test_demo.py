@@ -59,8 +59,11 @@ def _check_kubeconfigs(output: str) -> dict[str, Path]:
     """Every printed kubectl line names a kubeconfig of one context: the demo's CA, the
     user's token, and namespace `default` for the tenant users."""
     paths = {Path(match) for match in re.findall(r"kubectl --kubeconfig (\S+)", output)}
+    operator = {p for p in paths if p.name == "admin-tenants.kubeconfig"}
+    assert len(operator) == 1, paths
+    _check_operator_contexts(operator.pop())
     by_user: dict[str, Path] = {}
-    for path in paths:
+    for path in paths - {p for p in paths if p.name == "admin-tenants.kubeconfig"}:
         config = yaml.safe_load(path.read_text())
         assert len(config["contexts"]) == 1, config
         assert len(config["users"]) == 1, config
@@ -74,6 +77,19 @@ def _check_kubeconfigs(output: str) -> dict[str, Path]:
         by_user[user["name"]] = path
     assert sorted(by_user) == ["admin", "alice", "dave"]
     return by_user
+
+
+def _check_operator_contexts(path: Path) -> None:
+    """The operator's tenant contexts (DESIGN §3): a context per tenant whose server URL
+    ends in /tenants/{t}, and alice of acme through as-user-extra."""
+    config = yaml.safe_load(path.read_text())
+    servers = {c["name"]: c["cluster"]["server"] for c in config["clusters"]}
+    assert servers["acme"].endswith("/tenants/acme")
+    assert servers["beta"].endswith("/tenants/beta")
+    users = {u["name"]: u["user"] for u in config["users"]}
+    assert users["alice@acme"]["as-user-extra"] == {"tenant": ["acme"]}
+    assert Path(users["operator"]["tokenFile"]).read_text() == "demo-admin"
+    assert [c["name"] for c in config["contexts"]] == ["acme", "beta", "alice@acme"]
 
 
 def _kubectl_checks(output: str, tmp: Path) -> None:
@@ -122,6 +138,9 @@ def _kubectl_checks(output: str, tmp: Path) -> None:
     assert run("--kubeconfig", dave, "get", "servers", "-o", "name").split() == [
         "server.compute/api-1"
     ]
+    # The operator's printed `label … --context acme` labelled acme's `web`.
+    web = json.loads(run("--kubeconfig", alice, "get", "configmap", "web", "-o", "json"))
+    assert web["metadata"]["labels"] == {"reviewed": "yes"}
     # dave's namespace 'default' is beta's: acme's configmaps are not there.
     assert run("--kubeconfig", dave, "get", "configmaps", "-o", "name").split() == []
     assert len(run("--kubeconfig", admin, "get", "nodes", "-o", "name").split()) == 4

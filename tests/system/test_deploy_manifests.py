@@ -92,7 +92,9 @@ def test_redis_persists_with_a_password_and_a_pinned_image() -> None:
     assert not container["image"].endswith(":latest")
     args = " ".join(container["args"])
     assert "--appendonly yes" in args
-    assert "--requirepass" in args
+    # on redis-server's standard input, never its command line (test_deploy_image.py)
+    assert "requirepass $REDIS_PASSWORD" in args
+    assert "--requirepass" not in args
     assert redis["spec"]["volumeClaimTemplates"]
     sidecar_env = {
         e["name"]: e for e in _container(_one("Deployment", "tenant-api"), "sidecar")["env"]

@@ -214,7 +214,8 @@ def test_a_kind_the_sidecar_does_not_read_is_415_asking_for_json(kubectl: Kubect
     result = kubectl.run("alice", "create", "token", "token-holder")
     assert result.code != 0
     assert "TokenRequest" in result.err, result.err
-    assert "kubectl create -f" in result.err, result.err
+    # What a kubectl user can run instead: the same request as JSON, by its tenant path.
+    assert "kubectl create --raw /api/v1/tenants/acme/" in result.err, result.err
 
 
 def test_dry_run_server_of_a_typed_create_stores_nothing(kubectl: Kubectl) -> None:

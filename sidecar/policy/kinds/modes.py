@@ -65,7 +65,9 @@ def live(verdict: Verdict, mode: str) -> str:
     if verdict.outcome == "filter":
         t = verdict.target
         return (
-            "forwarded, owner-filtered" if t is None or t.verb == "list" else "forwarded, owner set"
+            "forwarded, owner-filtered"
+            if t is None or t.verb in ("list", "watch")
+            else "forwarded, owner set"
         )
     if verdict.allowed:
         return "forwarded"

@@ -144,6 +144,11 @@ def u(server: TestServer, path: str) -> str:
     return f"http://127.0.0.1:{server.port}{path}"
 
 
+def versioned(body: dict[str, Any], rv: str) -> dict[str, Any]:
+    """`body` as a store answers it: with its resourceVersion."""
+    return {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": rv}}
+
+
 def server_body(name: str | None, cpu: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"metadata": {"name": name} if name else {}}
     if cpu is not None:
@@ -324,24 +329,27 @@ async def test_an_update_is_charged_as_the_upstreams_dry_run_answers(
     assert (await create(http, sidecar, server_body("p", "100m")))[0] == 201
     patch = b'{"spec": "whatever the upstream makes of it"}'
     headers = {**ALICE, "Content-Type": "application/strategic-merge-patch+json"}
-    store[0].updated = server_body("p", "1500m")  # over the 1 cpu quota
+    store[0].updated = versioned(server_body("p", "1500m"), "7")  # over the 1 cpu quota
     store[0].seen.clear()
     async with http.patch(u(sidecar, SERVERS + "/p"), data=patch, headers=headers) as r:
         assert r.status == 403, await r.text()
         assert (await r.json())["reason"] == "QuotaExceeded"
     [(method, target, body, sent)] = store[0].seen  # the dry run only
-    assert (method, target, body) == ("PATCH", SERVERS + "/p?dryRun=All", patch)
+    assert (method, target) == ("PATCH", SERVERS + "/p?dryRun=All")
+    assert json.loads(body) == json.loads(patch)  # as read (issue 28), re-encoded
     assert sent["content-type"] == ["application/strategic-merge-patch+json"]
     assert sent["x-remote-user"] == ["alice"]
     assert sent["x-remote-tenant"] == ["acme"]
-    store[0].updated = server_body("p", "700m")
+    store[0].updated = versioned(server_body("p", "700m"), "8")
     store[0].seen.clear()
     async with http.patch(u(sidecar, SERVERS + "/p"), data=patch, headers=headers) as r:
         assert r.status == 200, await r.text()
     dry, real = store[0].seen
     assert dry[1] == SERVERS + "/p?dryRun=All"
     assert real[1] == SERVERS + "/p"
-    assert dry[2] == real[2] == patch
+    # Issue 28: the body as read, and the real write holds the dry run's version.
+    assert json.loads(dry[2]) == json.loads(patch)
+    assert json.loads(real[2]) == {**json.loads(patch), "metadata": {"resourceVersion": "8"}}
     for name in ("content-type", "x-remote-user", "x-remote-tenant", "x-remote-group"):
         assert dry[3].get(name) == real[3].get(name), name
     assert (await show(http, sidecar))["requests.cpu"]["used"] == "700m"

@@ -104,7 +104,7 @@ MAGIC_ONLY = b"k8s\x00"
     ("path", "body", "content_type", "code", "says"),
     [
         ("/api/v1/namespaces/ns1/pods", pod_body(), MEDIA_TYPE, 415, "Pod"),
-        (CONFIGMAPS, pod_body(), MEDIA_TYPE, 415, "kubectl create -f"),
+        (CONFIGMAPS, pod_body(), MEDIA_TYPE, 415, "kubectl create --raw /api/v1/tenants/acme/"),
         (
             CONFIGMAPS,
             envelope("apps/v1", "StatefulSet", ld(1, ld(1, "d"))),

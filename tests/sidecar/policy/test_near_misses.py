@@ -55,7 +55,9 @@ def test_name_verb_group_and_owner_differences() -> None:
     owned = _misses(*oscar, "--object", '{"spec": {"owner": "beta"}}', "GET", "/api/v1/nodes/n1")
     assert owned[0]["differs"] == ["owner: the rule grants only objects whose spec.owner is 'acme'"]
     delete = _misses(*oscar, "DELETE", "/api/v1/nodes/n1")
-    assert delete[0]["differs"] == ["verb: the rule grants get, list, update, patch, not delete"]
+    assert delete[0]["differs"] == [
+        "verb: the rule grants get, list, watch, update, patch, not delete"
+    ]
 
 
 def test_text_output_and_nothing_for_allowed_or_strangers() -> None:

@@ -91,12 +91,6 @@ BAD = [
         "has no meaning for verb",
     ),
     (
-        "kind: ClusterRole\nmetadata: {name: x}\nrules:\n- apiGroups: ['']\n  resources: [nodes]\n"
-        "  verbs: [watch]\n  when: owner\n",
-        27,
-        "has no meaning for verb 'watch'",
-    ),
-    (
         "kind: ClusterRole\nmetadata: {name: x}\nrules:\n- nonResourceURLs: [/h]\n  verbs: [get]\n"
         "  when: owner\n",
         27,

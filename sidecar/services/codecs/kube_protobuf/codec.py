@@ -38,7 +38,7 @@ from google.protobuf.unknown_fields import (  # type: ignore[import-untyped, unu
 from sidecar.core import strict_json
 from sidecar.core.status import StatusError
 from sidecar.services.codecs.kube_protobuf.descriptors import CLASSES, TABLE, FieldSpec, full_name
-from sidecar.services.codecs.kube_protobuf.schema import KINDS, Kind
+from sidecar.services.codecs.kube_protobuf.schema import KINDS, OPTION_KINDS, Kind
 
 MAGIC = b"k8s\x00"
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
@@ -194,7 +194,7 @@ def _unsupported_kind(kind: str, api_version: str) -> ProtobufError:
         415,
         f"protobuf bodies of kind {_shown(kind)} ({_shown(api_version)}) are not "
         f"supported; the sidecar reads protobuf only for {kinds}. Send the object as "
-        "JSON instead, e.g. `kubectl create -f object.json`.",
+        "JSON instead.",
     )
 
 
@@ -228,7 +228,7 @@ def decode_envelope(body: bytes) -> tuple[str, str, Kind, bytes]:
     kind = _text(envelope.typeMeta.kind)
     if not kind or not api_version:
         raise ProtobufError(400, "not a Kubernetes protobuf envelope: no apiVersion/kind")
-    if not envelope.raw:
+    if not envelope.raw and kind not in OPTION_KINDS:  # options may all be defaults
         raise ProtobufError(400, "malformed protobuf envelope: it carries no object")
     if envelope.contentEncoding:
         shown = _shown(_text(envelope.contentEncoding))
@@ -361,7 +361,7 @@ def check_known(plan: _Plan, msg: Any, raw: bytes) -> None:
         415,
         f"protobuf field {number} of {full_name(where.name)}{at} is not one the sidecar "
         "reads, and dropping it could change the object. Send the object as JSON "
-        "instead, e.g. `kubectl create -f object.json`.",
+        "instead.",
     )
 
 

@@ -111,6 +111,16 @@ ObjectMeta
   ownerReferences 13 [OwnerReference]
   finalizers 14 [s]
   managedFields 17 [ManagedFieldsEntry]
+Preconditions
+  uid 1 s *
+  resourceVersion 2 s *
+DeleteOptions
+  gracePeriodSeconds 1 i64 *
+  preconditions 2 Preconditions *
+  orphanDependents 3 bool *
+  propagationPolicy 4 s *
+  dryRun 5 [s]
+  ignoreStoreReadErrorWithClusterBreakingPotential 6 bool *
 LabelSelector
   matchLabels 1 {s}
   matchExpressions 2 [LabelSelectorRequirement]
@@ -779,6 +789,9 @@ ClusterRoleBinding
 """
 
 MESSAGES["policy"] = """
+Eviction
+  metadata 1 meta.ObjectMeta
+  deleteOptions 2 meta.DeleteOptions *
 PodDisruptionBudget
   metadata 1 meta.ObjectMeta
   spec 2 PodDisruptionBudgetSpec
@@ -995,4 +1008,13 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("authentication.k8s.io/v1", "SelfSubjectReview"): Kind(
         "authn.SelfSubjectReview", "authentication.k8s.io", "selfsubjectreviews"
     ),
+    # `kubectl drain`: the pods/eviction subresource's body (the typed policy client).
+    ("policy/v1", "Eviction"): Kind("policy.Eviction", "", "pods"),
 }
+# Not objects of a resource but a request's options (`DELETE` bodies): the kinds
+# `pipeline/transcode.py` places by method and subresource rather than by resource.
+OPTION_KINDS = frozenset({"DeleteOptions", "Eviction"})
+# A typed client encodes DeleteOptions with its own group version (kubectl drain's
+# DELETE of a pod: `v1`), so it is read under each API version a body may name.
+for _version in sorted({v for v, _ in KINDS} | {"meta.k8s.io/v1"}):
+    KINDS[(_version, "DeleteOptions")] = Kind("meta.DeleteOptions", "", "")

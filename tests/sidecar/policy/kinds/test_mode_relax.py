@@ -52,7 +52,8 @@ CASES: list[tuple[Identity, str, str, Any, Any, str, bool, str]] = [
     (OWNER, "GET", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}}, NO_BODY, "notfound", False,
      "concealment"),
     (OWNER, "PUT", "/api/v1/nodes/n1/power", None, NO_BODY, "notfound", False, "concealment"),
-    (OWNER, "GET", "/api/v1/nodes?watch=true", None, NO_BODY, "notfound", False, "concealment"),
+    (OWNER, "PATCH", "/api/v1/nodes/n1", {"spec": {"owner": "beta"}}, NO_BODY, "notfound",
+     False, "concealment"),
     # Its own Tenant object and its own quota are cluster-scoped: held.
     (DEV, "DELETE", "/api/v1/tenants/acme", None, NO_BODY, "deny", False, "cluster-scoped"),
     (DEV, "PUT", "/apis/quota.sidecar/v1/quotas/acme", None, NO_BODY, "deny", False,

@@ -1,0 +1,1 @@
+"""The decision service for Envoy, nginx and Kubernetes (DESIGN §13)."""

@@ -1,0 +1,81 @@
+"""Hostile review of the decision service's fronts (redteam.md class 9, issue 31): what
+a client could forge between the front, the decider and the proxy. The same cases run
+through real Envoy and nginx in tests/system/test_decision_service.py; here, the
+decider's side of each, in-process."""
+
+from __future__ import annotations
+
+from sidecar.edge.authz.decider import DIRECT, PROXY
+from sidecar.edge.authz.fastserver import Question
+from sidecar.edge.authz.marker import HEADER
+from tests.sidecar.edge.test_authz import CM, Rig, rig
+
+__all__ = ["rig"]  # the fixture, used by name below
+
+
+async def test_a_client_route_or_marker_never_routes_direct(rig: Rig) -> None:
+    for name, value in (("x-sidecar-route", "direct"), (HEADER, "9999999999." + "0" * 64)):
+        decided = await rig.decide("GET", CM, **{name.replace("-", "_"): value})
+        assert decided.allowed is not None
+        assert decided.allowed.route == PROXY
+        signed = dict(decided.allowed.headers)[HEADER]
+        assert signed != value  # the decider's own marker, never the client's
+
+
+async def test_client_identity_headers_are_not_read_and_go_to_the_proxy(rig: Rig) -> None:
+    decided = await rig.decide("GET", CM, X_Remote_User="admin", X_Remote_Tenant="system")
+    assert decided.allowed is not None
+    assert decided.allowed.route == PROXY
+    assert "x-remote-user" not in dict(decided.allowed.headers)
+    # Without a credential, the headers authenticate nobody (no trusted front here).
+    anonymous = await rig.decide("GET", CM, None, X_Remote_User="admin")
+    assert anonymous.refusal is not None
+    assert anonymous.refusal.status == 401
+
+
+async def test_joined_impersonation_headers_are_left_to_the_proxy(rig: Rig) -> None:
+    """Envoy joins two Impersonate-Group headers into one value for its check."""
+    sent = [
+        ("Authorization", "Bearer alice"),
+        ("Impersonate-User", "alice"),
+        ("Impersonate-Group", "users,devs"),
+    ]
+    joined = await rig.decider.decide("GET", CM, sent, "10.0.0.1", joined=True)
+    assert joined.allowed is not None
+    assert joined.allowed.route == PROXY
+    assert HEADER not in dict(joined.allowed.headers)  # undecided here: the proxy charges
+    plain = await rig.decider.decide("GET", CM, sent, "10.0.0.1")
+    assert plain.refusal is not None or (plain.allowed and plain.allowed.route == PROXY)
+
+
+async def test_nginx_replays_only_refusals_the_decider_sealed(rig: Rig) -> None:
+    refused = await rig.handler(
+        Question(
+            "GET",
+            "/nginx",
+            [("X-Original-Method", "GET"), ("X-Original-URI", CM)],
+            b"",
+            "10.0.0.1",
+        )
+    )
+    assert refused.startswith(b"HTTP/1.1 401")
+    sealed = next(
+        line.split(b": ", 1)[1].decode()
+        for line in refused.split(b"\r\n")
+        if line.lower().startswith(b"x-decision:")
+    )
+    replayed = await rig.handler(
+        Question("GET", "/nginx/denied", [("x-decision", sealed)], b"", "")
+    )
+    assert replayed.startswith(b"HTTP/1.1 401")
+    assert b'"code": 401' in replayed
+    forged = sealed[:-1] + ("0" if sealed[-1] != "0" else "1")
+    answer = await rig.handler(Question("GET", "/nginx/denied", [("x-decision", forged)], b"", ""))
+    assert answer.startswith(b"HTTP/1.1 403")
+
+
+async def test_a_direct_allow_never_carries_the_marker(rig: Rig) -> None:
+    decided = await rig.decide("GET", CM)
+    assert decided.allowed is not None
+    assert decided.allowed.route == DIRECT
+    assert HEADER not in dict(decided.allowed.headers)
