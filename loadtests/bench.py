@@ -12,9 +12,10 @@ closed-loop aiohttp client of loadgen.py), the same request shapes everywhere:
 (a) and (b) are measured on both the read and the create request. (c) and (d) run
 with `--workers 1` and `--workers 2`. Results: `bench.csv`, `bench-summary.txt`,
 `bench-throughput.png`, `bench-latency.png` in `--out`. With `--profile`, one more
-(c) run goes to a sidecar under cProfile and the top functions are written to
-`bench-profile.txt`. When loadtests/bench_policy.py exists its output (the decision
-micro-benchmark) is added as `bench-policy.txt` (skip with `--no-policy-bench`).
+(c) and (d) run each go to a sidecar under py-spy (or cProfile timed by the CPU clock,
+`--profiler cprofile`) and the top functions are written to `bench-profile.txt`.
+When loadtests/bench_policy.py exists its output (the decision micro-benchmark) is
+added as `bench-policy.txt` (skip with `--no-policy-bench`).
 
     python loadtests/bench.py [--seconds 8] [--concurrency 32] [--out DIR]
     python loadtests/bench.py passthrough --port P --upstream URL   # the baseline alone
@@ -54,6 +55,10 @@ from loadtests.report import percentile
 from loadtests.stack import ROOT, Proc, Stack, free_port, seed_server, seed_tenant
 
 TENANT, NAMESPACE, TOKEN = "acme", "dev", "bench-alice"
+# DESIGN §11: cached reads keep >= 0.95 of the pass-through's throughput (the aim: 1.0),
+# creates with quota >= 0.6, and the pipeline adds <= 0.25 ms p50 unloaded over a
+# direct call to the store.
+READS_TARGET, READS_AIM, CREATES_TARGET, ADDED_P50_MS = 0.95, 1.0, 0.6, 0.25
 SERVERS = f"/apis/compute/v1/tenants/{TENANT}/namespaces/{NAMESPACE}/servers"
 # A tenant over its limit (1 request/s): workload (e), what a refusal costs.
 FLOOD, FLOOD_TOKEN = "flood", "bench-flood"
@@ -344,61 +349,83 @@ def profile_sidecar(
     use_wrk: bool,
     out: Path,
     py_spy: str | None,
+    workloads: tuple[str, ...] = ("get", "create"),
 ) -> str:
-    """Profile workload (c) on a one-worker sidecar: py-spy (sampling, attached to the
-    running process) when available, else cProfile. Returns and writes a summary."""
-    path = f"{SERVERS}/web-0"
+    """Profile workloads (c) and (d), a cached read and a create, each on a fresh
+    one-worker sidecar: py-spy (sampling, attached to the running process) when
+    available, else cProfile timed by the sidecar thread's CPU clock
+    (loadtests/cpuprofile.py: what a call cost the sidecar, not how long it waited for
+    a core). Returns and writes a summary (`bench-profile.txt`)."""
+    sections: list[str] = []
+    for workload in workloads:
+        method = "GET" if workload == "get" else "POST"
+        path = f"{SERVERS}/web-0" if method == "GET" else SERVERS
+        tag = f"prof-{workload}"
 
-    def load(url: str) -> None:
-        if use_wrk:
-            run_wrk(stack.work, url, "GET", path, 1, conc, "profw")
-            run_wrk(stack.work, url, "GET", path, seconds, conc, "prof")
+        def load(url: str, method: str = method, path: str = path, tag: str = tag) -> int:
+            if use_wrk:
+                run_wrk(stack.work, url, method, path, 1, conc, f"{tag}w")
+                return run_wrk(stack.work, url, method, path, seconds, conc, tag)[3]
+            run_aiohttp(url, method, path, 1, conc, f"{tag}w")
+            return run_aiohttp(url, method, path, seconds, conc, tag)[3]
+
+        title = f"== {'(c) cached read' if method == 'GET' else '(d) create with quota'}"
+        if py_spy:
+            proc = stack.start_sidecar(config, name=f"sidecar-{tag}")
+            raw = stack.work / f"pyspy-{workload}.txt"
+            spy = subprocess.Popen(
+                [
+                    py_spy,
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--duration",
+                    str(max(1, round(seconds + 1))),
+                    "--pid",
+                    str(proc.proc.pid),
+                    "--output",
+                    str(raw),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            load(proc.url)
+            spy.wait(timeout=seconds + 30)
+            proc.stop()
+            text = summarise_collapsed(raw) if raw.exists() else "py-spy wrote no output\n"
         else:
-            run_aiohttp(url, "GET", path, 1, conc, "profw")
-            run_aiohttp(url, "GET", path, seconds, conc, "prof")
-
-    if py_spy:
-        proc = stack.start_sidecar(config, name="sidecar-profiled")
-        raw = stack.work / "pyspy.txt"
-        spy = subprocess.Popen(
-            [
-                py_spy,
-                "record",
-                "--format",
-                "raw",
-                "--rate",
-                "250",
-                "--duration",
-                str(max(1, round(seconds + 1))),
-                "--pid",
-                str(proc.proc.pid),
-                "--output",
-                str(raw),
-                "--nonblocking",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        load(proc.url)
-        spy.wait(timeout=seconds + 30)
-        proc.stop()
-        text = summarise_collapsed(raw) if raw.exists() else "py-spy wrote no output\n"
-    else:
-        prof = stack.work / "sidecar.prof"
-        proc = stack.start_sidecar(
-            config, name="sidecar-profiled", wrapper=["-m", "cProfile", "-o", str(prof)]
-        )
-        load(proc.url)
-        proc.stop(timeout=15)
-        if not prof.exists():
-            return "profile: cProfile wrote no output\n"
-        buf = io.StringIO()
-        stats = pstats.Stats(str(prof), stream=buf)
-        stats.sort_stats("tottime").print_stats(25)
-        stats.sort_stats("cumulative").print_stats(r"sidecar", 30)
-        text = "cProfile (deterministic; inflates small calls)\n" + buf.getvalue()
+            prof = stack.work / f"sidecar-{workload}.prof"
+            proc = stack.start_sidecar(
+                config,
+                name=f"sidecar-{tag}",
+                wrapper=["-m", "loadtests.cpuprofile", str(prof)],
+            )
+            requests = load(proc.url)
+            proc.stop(timeout=15)
+            if not prof.exists():
+                text = "profile: cProfile wrote no output\n"
+            else:
+                text = summarise_cprofile(prof)
+                text = f"{requests} requests in the measured part\n" + text
+        sections.append(f"{title}\n{text}")
+    text = "\n".join(sections)
     (out / "bench-profile.txt").write_text(text)
     return text
+
+
+def summarise_cprofile(path: Path, top: int = 25) -> str:
+    """The top functions of a cProfile file by own time, and the sidecar's by time
+    including callees."""
+    buf = io.StringIO()
+    stats = pstats.Stats(str(path), stream=buf)
+    buf.write("cProfile, timed by the thread's CPU clock (each call costs the profiler a\n")
+    buf.write("clock read: small calls are inflated; compare calls, not totals)\n")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(r"sidecar/", top)
+    return buf.getvalue()
 
 
 def summarise_collapsed(path: Path, top: int = 25) -> str:
@@ -516,7 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="loadtests/results")
     parser.add_argument("--generator", choices=["auto", "wrk", "aiohttp"], default="auto")
     parser.add_argument(
-        "--profile", action="store_true", help="also profile the sidecar on workload (c)"
+        "--profile",
+        action="store_true",
+        help="also profile the sidecar on workloads (c) and (d): a cached read, a create",
+    )
+    parser.add_argument(
+        "--profiler",
+        choices=["auto", "py-spy", "cprofile"],
+        default="auto",
+        help="--profile with py-spy (sampling; auto: when found) or cProfile (CPU clock)",
     )
     parser.add_argument(
         "--py-spy",
@@ -635,8 +670,11 @@ def main(argv: list[str] | None = None) -> int:
         for sc in sidecars.values():
             sc.stop()
         if args.profile:
+            spy = None if args.profiler == "cprofile" else args.py_spy
+            if args.profiler == "py-spy" and not spy:
+                parser.error("--profiler py-spy: py-spy is not on PATH (or give --py-spy)")
             profile_text = profile_sidecar(
-                stack, config, args.seconds, args.concurrency, bool(use_wrk), out, args.py_spy
+                stack, config, args.seconds, args.concurrency, bool(use_wrk), out, spy
             )
 
     policy_text, policy_figures = (
@@ -693,28 +731,29 @@ def targets(results: list[Result], policy: dict[str, Any], workers: list[int]) -
         r = ratio((f"c sidecar w{w}", "get"), ("b passthrough", "get"))
         out.append(
             Target(
-                f"cached reads >= 0.85 of the pass-through, {w} worker(s)",
-                f"{r:.2f}",
-                report.meets(r, ">=", 0.85, ".2f"),
+                f"cached reads >= {READS_TARGET} of the pass-through, {w} worker(s)",
+                f"{r:.2f} (aim {READS_AIM:.1f}: {'met' if r >= READS_AIM else 'not met'})",
+                report.meets(r, ">=", READS_TARGET, ".2f"),
             )
         )
     for w in workers:
         r = ratio((f"d sidecar w{w}", "create"), ("b passthrough", "create"))
         out.append(
             Target(
-                f"creates with quota >= 0.5 of the pass-through's, {w} worker(s)",
+                f"creates with quota >= {CREATES_TARGET} of the pass-through's, {w} worker(s)",
                 f"{r:.2f}",
-                report.meets(r, ">=", 0.5, ".2f"),
+                report.meets(r, ">=", CREATES_TARGET, ".2f"),
             )
         )
     if workers:
         first = min(workers)
-        extra = added((f"c sidecar w{first}", "get-c1"), ("b passthrough", "get-c1"))
+        extra = added((f"c sidecar w{first}", "get-c1"), ("a direct", "get-c1"))
+        over_proxy = added((f"c sidecar w{first}", "get-c1"), ("b passthrough", "get-c1"))
         out.append(
             Target(
-                "p50 added unloaded <= 0.5 ms",
-                f"{extra:+.2f} ms",
-                report.meets(extra, "<=", 0.5, "+.2f"),
+                f"p50 added unloaded over a direct call <= {ADDED_P50_MS} ms",
+                f"{extra:+.3f} ms ({over_proxy:+.3f} ms over the pass-through)",
+                report.meets(extra, "<=", ADDED_P50_MS, "+.3f"),
             )
         )
     errors = sum(result.errors for result in results if result.config[0] in "cd")

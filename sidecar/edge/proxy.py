@@ -40,7 +40,7 @@ from sidecar.core.redact import mask_credential
 from sidecar.core.status import StatusError, body_too_large
 from sidecar.edge.watches import Exchange, WatchRelay
 from sidecar.pipeline.context import RequestContext, malformed_body
-from sidecar.services.listfilter import BrokenList, ListStream
+from sidecar.services.listfilter import BrokenList, FilterLane, ListStream
 from sidecar.services.metrics import Metrics
 from sidecar.services.watchfilter import BrokenWatch, owner_watch
 from sidecar.upstream.client import DryRunAnswer, UpstreamError
@@ -107,9 +107,9 @@ SMALL_BODY = 64 * 1024
 # larger than this is refused: 502, or a cut connection once a streamed list started.
 MAX_FILTERED_RESPONSE = 256 * 1024 * 1024
 # Owner-filtered lists (DESIGN §8, §11): fed to their filter in pieces of this size (the
-# longest the event loop is held by one: about 0.3 ms with ijson's C backend), and held
-# until their filtered output passes LIST_HOLD (until then a failure is still a 502).
-LIST_SLICE = 16 * 1024
+# longest the event loop is held by one: about 0.15-0.25 ms with ijson's C backend), and
+# held until their filtered output passes LIST_HOLD (until then a failure is still a 502).
+LIST_SLICE = 8 * 1024
 LIST_HOLD = 1024 * 1024
 # One list item (or the fields around the items) may be this large, or twice the
 # largest request body (`limits.maxBodyBytes`), whichever is more.
@@ -138,8 +138,9 @@ class Upstream:
         self.read_timeout = limits.upstream_read_timeout
         self.max_list_part = max(MIN_LIST_PART, 2 * limits.max_body_bytes)
         # Owner-filtered lists take turns: one piece of filtering per turn of the event
-        # loop, however many lists are streaming (_owner_list).
-        self._list_lane = asyncio.Lock()
+        # loop, however many lists are streaming, tenants in turn, at most a third of
+        # the loop's time (_owner_list, sidecar/services/listfilter.py).
+        self._list_lane = FilterLane()
         self.forward_authorization = config.identity.forward_authorization
         self._drop = HOP_BY_HOP | _REPLACED
         if not self.forward_authorization:
@@ -184,7 +185,7 @@ class Upstream:
         whole = ctx.response_filter is not None or ctx.read_whole_answer
         filtered = ctx.owner_list is not None
         headers = self.upstream_headers(ctx, identity_encoding=whole or filtered)
-        body_state = _BodyState()
+        body_state = _NO_BODY_STREAMED
         body: Body = None
         length: int | None = None
         if ctx.body is not None:
@@ -194,6 +195,7 @@ class Upstream:
             limit = ctx.max_body_bytes
             if length is not None and length > limit:
                 raise body_too_large(limit)
+            body_state = _BodyState()
             body = _stream_body(request, limit, body_state)
         watching = ctx.target is not None and ctx.target.verb == "watch"
         # A small fixed-length answer is read whole under the same timeout as the headers
@@ -245,7 +247,15 @@ class Upstream:
             raise self._watch_answer(ctx, "its Content-Type")
         if answer is not None:
             upstream.release()
-            return _whole_response(ctx, upstream, answer)
+            response = _whole_response(ctx, upstream, answer)
+            if request.method == "GET":
+                # A read's answer goes out now, not after the stages around the
+                # forwarding unwind (the audit line, the metrics, the rate limit's
+                # release): nothing after the forwarding changes a read's answer, and
+                # its latency is what the client waits for (docs/performance.md).
+                await response.prepare(request)
+                await response.write_eof()
+            return response
         upstream.disarm()  # the reads below are timed on their own
         try:
             if filtered and not watching:  # an owner-filtered watch: _stream_back
@@ -273,35 +283,40 @@ class Upstream:
         response.headers.update(ctx.response_headers)
         response.headers["X-Request-Id"] = ctx.request_id
         idle = None if watching else self.read_timeout
-        loop = asyncio.get_running_loop()
         # An owner-only watch: only the events of the tenant's own objects go out.
         events = owner_watch(ctx, upstream.status, self.max_list_part) if watching else None
         if events is not None:
             response.headers.pop("Content-Length", None)  # filtered: its own length
         try:
-            async with asyncio.timeout(None) as deadline:
-                chunk: bytes | None = None
-                if idle is not None:
-                    deadline.reschedule(loop.time() + idle)
-                    chunk = await upstream.readany()
-                    if chunk and looks_like_watch_events(chunk):
-                        upstream.close()
-                        raise self._watch_answer(ctx, "its body")
-                await response.prepare(ctx.request)
-                while True:
-                    if chunk is None:
-                        if idle is not None:
-                            deadline.reschedule(loop.time() + idle)
+            # Each read from the upstream has the idle deadline, checked by the pool's
+            # ticker (no timer armed and cancelled per chunk); writes to the client
+            # have the server's write deadline instead (sidecar/edge/write_deadline.py).
+            chunk: bytes | None = None
+            if idle is not None:
+                upstream.rearm(idle)
+                chunk = await upstream.readany()
+                upstream.disarm()
+                if chunk and looks_like_watch_events(chunk):
+                    upstream.close()
+                    raise self._watch_answer(ctx, "its body")
+            await response.prepare(ctx.request)
+            while True:
+                if chunk is None:
+                    if idle is not None:
+                        upstream.rearm(idle)
                         chunk = await upstream.readany()
-                    if not chunk:
-                        if events is not None and (last := events.finish()):
-                            await response.write(last)
-                        break
-                    if events is not None:
-                        chunk = events.feed(chunk)
-                    if chunk:
-                        await response.write(chunk)
-                    chunk = None
+                        upstream.disarm()
+                    else:
+                        chunk = await upstream.readany()
+                if not chunk:
+                    if events is not None and (last := events.finish()):
+                        await response.write(last)
+                    break
+                if events is not None:
+                    chunk = events.feed(chunk)
+                if chunk:
+                    await response.write(chunk)
+                chunk = None
             await response.write_eof()
         except BrokenWatch as exc:  # the watch ends; the client watches again
             log.warning("request %s: owner-filtered watch cut: %s", ctx.request_id, exc)
@@ -383,40 +398,40 @@ class Upstream:
         held_size = 0
         response: web.StreamResponse | None = None
         size = 0
-        loop = asyncio.get_running_loop()
+        tenant = _tenant_of(ctx.identity)
         failure: tuple[int, str, str] | None = None
         try:
-            async with asyncio.timeout(None) as deadline:
-                while True:
-                    deadline.reschedule(loop.time() + self.read_timeout)
-                    chunk = await upstream.readany()
-                    if not chunk:
-                        break
-                    if size == 0 and looks_like_watch_events(chunk):
-                        upstream.close()
-                        raise self._watch_answer(ctx, "its body")
-                    size += len(chunk)
-                    if size > MAX_FILTERED_RESPONSE:
-                        failure = (502, "too_large", "the upstream list is too large to filter")
-                        break
-                    # The client's pace is not the upstream's: writes to the client have
-                    # the server's write deadline (sidecar/edge/write_deadline.py).
-                    deadline.reschedule(None)
-                    out = await self._through(stream, chunk)
-                    if not out:
-                        continue
-                    if response is not None:
-                        await response.write(out)
-                        continue
-                    held.append(out)
-                    held_size += len(out)
-                    if held_size > LIST_HOLD:
-                        response = await self._start_list(ctx, upstream, held)
-                        held = []
+            while True:
+                # Each read has the idle deadline (the pool's ticker checks it).
+                upstream.rearm(self.read_timeout)
+                chunk = await upstream.readany()
+                # The client's pace is not the upstream's: writes to the client have
+                # the server's write deadline (sidecar/edge/write_deadline.py).
+                upstream.disarm()
+                if not chunk:
+                    break
+                if size == 0 and looks_like_watch_events(chunk):
+                    upstream.close()
+                    raise self._watch_answer(ctx, "its body")
+                size += len(chunk)
+                if size > MAX_FILTERED_RESPONSE:
+                    failure = (502, "too_large", "the upstream list is too large to filter")
+                    break
+                out = await self._through(stream, chunk, tenant)
+                if not out:
+                    continue
+                if response is not None:
+                    await response.write(out)
+                    continue
+                held.append(out)
+                held_size += len(out)
+                if held_size > LIST_HOLD:
+                    response = await self._start_list(ctx, upstream, held)
+                    held = []
             if failure is None and declared is not None and size != declared:
                 failure = (502, "reset", f"the list was cut short ({size} of {declared} bytes)")
             if failure is None:
-                async with self._list_lane:
+                async with self._list_lane.turn(tenant):
                     out = stream.finish()
         except TimeoutError:
             failure = (504, "timeout", "the upstream did not answer in time")
@@ -444,18 +459,17 @@ class Upstream:
         await response.write_eof()
         return response
 
-    async def _through(self, stream: ListStream, chunk: bytes) -> bytes:
-        """`chunk` fed to a list's parser a `LIST_SLICE` at a time, one slice per turn of
-        the event loop across every list being read (`_list_lane`: owner-filtered lists
-        and reconcile pages), so many lists together hold the loop no longer than one
-        slice at a time; what came out."""
+    async def _through(self, stream: ListStream, chunk: bytes, tenant: str) -> bytes:
+        """`chunk` fed to a list's parser a `LIST_SLICE` at a time, taking turns on the
+        event loop with every list being read (`_list_lane`, a `FilterLane`: owner-
+        filtered lists and reconcile pages): one slice at a time, a turn of the loop
+        between two, tenants in turn and at most a third of the loop's time, so many lists
+        together hold the loop no longer than one slice at a time; what came out."""
         outs: list[bytes] = []
+        lane = self._list_lane
         for start in range(0, len(chunk), LIST_SLICE):
-            async with self._list_lane:
+            async with lane.turn(tenant):
                 out = stream.feed(chunk[start : start + LIST_SLICE])
-                # The lane is kept through one turn of the event loop: every other
-                # callback runs before the next piece of any list.
-                await asyncio.sleep(0)
             if out:
                 outs.append(out)
         return b"".join(outs)
@@ -492,16 +506,18 @@ class Upstream:
             raise UpstreamError(502, "the upstream response is too large for the sidecar to read")
         chunks: list[bytes] = []
         size = 0
+        # The whole read has the read timeout, checked by the pool's ticker (no timer
+        # per answer); released or closed by the caller, which disarms it.
+        upstream.rearm(self.read_timeout)
         try:
-            async with asyncio.timeout(self.read_timeout):
-                while chunk := await upstream.readany():
-                    size += len(chunk)
-                    if size > MAX_FILTERED_RESPONSE:
-                        upstream.close()
-                        raise UpstreamError(
-                            502, "the upstream response is too large for the sidecar to read"
-                        )
-                    chunks.append(chunk)
+            while chunk := await upstream.readany():
+                size += len(chunk)
+                if size > MAX_FILTERED_RESPONSE:
+                    upstream.close()
+                    raise UpstreamError(
+                        502, "the upstream response is too large for the sidecar to read"
+                    )
+                chunks.append(chunk)
         except TimeoutError:
             upstream.close()
             self.metrics.upstream_errors.labels("timeout").inc()
@@ -655,21 +671,20 @@ class Upstream:
         stream = ListStream(item, _dropped, self.max_list_part)
         outs: list[bytes] = []
         size = 0
-        loop = asyncio.get_running_loop()
+        tenant = _tenant_of(identity)
         try:
-            async with asyncio.timeout(None) as deadline:
-                while True:
-                    deadline.reschedule(loop.time() + self.read_timeout)
-                    chunk = await upstream.readany()
-                    if not chunk:
-                        break
-                    deadline.reschedule(None)
-                    size += len(chunk)
-                    outs.append(await self._through(stream, chunk))
+            while True:
+                upstream.rearm(self.read_timeout)  # each read has the idle deadline
+                chunk = await upstream.readany()
+                upstream.disarm()
+                if not chunk:
+                    break
+                size += len(chunk)
+                outs.append(await self._through(stream, chunk, tenant))
             declared = upstream.content_length
             if declared is not None and size != declared:
                 raise UpstreamBroken(f"{size} of {declared} bytes")
-            async with self._list_lane:
+            async with self._list_lane.turn(tenant):
                 outs.append(stream.finish())
             if "items" not in stream.arrays:
                 raise BrokenList("the answer is not a list (no items array)")
@@ -759,6 +774,11 @@ class _BodyState:
         self.malformed = False
 
 
+# The state of a request whose body is not streamed (none, or read by a stage): never
+# changed, so one for all.
+_NO_BODY_STREAMED = _BodyState()
+
+
 async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> AsyncIterator[bytes]:
     """The client's body bytes as received (never decompressed). Raising stops the
     upstream request, whose connection the pool then closes instead of reusing it."""
@@ -780,6 +800,12 @@ async def _stream_body(request: web.Request, limit: int, state: _BodyState) -> A
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError):
         state.client_gone = True
         raise
+
+
+def _tenant_of(identity: Identity | None) -> str:
+    """Whose turn a list's filtering takes (the caller's tenant, as the rate limit keys
+    it)."""
+    return "" if identity is None else identity.sender.tenant
 
 
 def _dropped(_row: Any) -> None:

@@ -6,8 +6,11 @@ Every forwarded request runs through `WatchRelay.run`, watch or not:
 - **The client goes away.** aiohttp tells a handler nothing when its client
   disconnects unless `handler_cancellation` is on. That switch stays off: it would
   cancel every handler at whatever await it is in, cutting quota commits, releases and
-  audit records short after the upstream already acted. Instead one shared poller
-  looks at the client connections of the exchanges in flight every `POLL_SECONDS`.
+  audit records short after the upstream already acted. Instead the connection tells
+  the relay when it ends (`sidecar serve`'s connections, `DeadlineHandler.on_lost`,
+  set while an exchange is in flight: no task or timer per request), and one shared
+  poller looks at the client connections of the exchanges in flight every
+  `POLL_SECONDS` as the fallback (other servers; a connection closing but not ended).
   When a client is gone, its request's task is cancelled, and only while it is inside
   the forwarding (`run` registers it there and nowhere else): waiting for an upstream
   connection, sending the body, waiting for the answer's headers, or streaming the
@@ -56,6 +59,7 @@ from aiohttp import web
 
 from sidecar.core.identity import Identity
 from sidecar.core.status import StatusError, unauthorized
+from sidecar.edge.write_deadline import DeadlineHandler
 from sidecar.pipeline.context import DRY_RUN, RequestContext
 from sidecar.policy.kinds.modes import mode_for
 
@@ -107,6 +111,16 @@ class Exchange:
             return False
         self.cancelled = False
         return self.task.uncancel() == 0
+
+    def lost(self) -> None:
+        """Its client's connection ended (the connection's own callback): the exchange
+        ends as a 499, now."""
+        if self.gone or self.task.done():
+            return
+        self.gone = True
+        if not self.cancelled:
+            self.cancelled = True
+            self.task.cancel()
 
     @property
     def ending(self) -> bool:
@@ -221,6 +235,12 @@ class WatchRelay:
         self.exchanges[task] = exchange
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll())
+        # The connection tells of its own end (`sidecar serve`'s connections): the
+        # exchange is let go at once; the poller is the fallback for other servers.
+        protocol = ctx.request.protocol
+        hooked = protocol if isinstance(protocol, DeadlineHandler) else None
+        if hooked is not None:
+            hooked.on_lost = exchange.lost
         try:
             return await forward(ctx, exchange)
         except asyncio.CancelledError:
@@ -235,6 +255,8 @@ class WatchRelay:
                 raise ConnectionResetError("the client went away") from None
             raise
         finally:
+            if hooked is not None:
+                hooked.on_lost = None
             del self.exchanges[task]
             if watching:
                 self.watches.pop(exchange, None)
@@ -291,10 +313,7 @@ class WatchRelay:
 
     def _cut(self, exchange: Exchange) -> None:
         """The client is gone: end the exchange as a 499."""
-        if exchange.gone or exchange.task.done():
-            return
-        exchange.gone = True
-        self._cancel(exchange)
+        exchange.lost()
 
     def _cancel(self, exchange: Exchange) -> None:
         if not exchange.cancelled:

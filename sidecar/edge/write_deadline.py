@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -119,13 +120,17 @@ class WriteDeadlines:
 
 
 class DeadlineHandler(web.RequestHandler):
-    """aiohttp's per-connection protocol, reporting its write pauses to `deadlines`."""
+    """aiohttp's per-connection protocol, reporting its write pauses to `deadlines`,
+    and its end to `on_lost` (set by the forwarding relay, sidecar/edge/watches.py,
+    while an exchange of this connection is in flight: the client is gone, its upstream
+    exchange is let go at once instead of at the relay's next poll)."""
 
-    __slots__ = ("_deadlines",)
+    __slots__ = ("_deadlines", "on_lost")
 
     def __init__(self, manager: web.Server, deadlines: WriteDeadlines, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._deadlines = deadlines
+        self.on_lost: Callable[[], None] | None = None
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -139,7 +144,13 @@ class DeadlineHandler(web.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._deadlines.resume(self)
+        on_lost, self.on_lost = self.on_lost, None
         super().connection_lost(exc)
+        if on_lost is not None:
+            try:
+                on_lost()
+            except Exception:  # a transport callback must not raise
+                log.exception("letting go of the exchange of a closed connection failed")
 
 
 class DeadlineServer(web.Server):

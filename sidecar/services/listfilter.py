@@ -30,7 +30,10 @@ time one call holds the event loop by the size of the pieces it feeds.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
+import time
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -293,3 +296,128 @@ def _first_line(exc: Exception) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     return str(text).split("\n", 1)[0][:200]
+
+
+# -- taking turns on the event loop ---------------------------------------------------
+
+# The share of the event loop's time that list filtering may take, over every list of
+# every tenant together, measured over windows of LANE_WINDOW seconds: once the pieces
+# filtered in a window took LANE_SHARE of it, the next piece waits for the next window,
+# and every other callback (other tenants' requests) has the loop to itself until then.
+LANE_SHARE = 0.35
+LANE_WINDOW = 0.01
+
+
+class FilterLane:
+    """Turns at filtering list pieces on one event loop (DESIGN §8, §11): one piece at a
+    time across every list being filtered, at least one turn of the event loop between
+    two pieces, the tenants waiting served in turn (a tenant with 16 lists gets one
+    piece per round, as a tenant with one does), and at most `share` of the loop's time
+    in every `window` seconds.
+
+        async with lane.turn(tenant):
+            out = stream.feed(piece)
+
+    So one tenant's lists hold the loop for at most one piece at a time and at most
+    `share` of it (LANE_SHARE, about a third) over any window, and other requests wait
+    at most one piece per turn of the loop while lists are filtered, none while the
+    lane rests."""
+
+    def __init__(
+        self,
+        share: float = LANE_SHARE,
+        window: float = LANE_WINDOW,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.share = share
+        self.window = window
+        self._clock = clock or time.perf_counter
+        self._busy = False
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self._order: collections.deque[str] = collections.deque()
+        self._window_start = 0.0
+        self._spent = 0.0
+        self._handing = False
+        self.rested = 0  # windows the lane waited out (for tests and the docs)
+
+    def turn(self, tenant: str) -> _Turn:
+        return _Turn(self, tenant)
+
+    async def _acquire(self, tenant: str) -> None:
+        if not self._busy and not self._order and not self._handing:
+            self._busy = True
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        queue = self._waiting.get(tenant)
+        if queue is None:
+            queue = self._waiting[tenant] = collections.deque()
+            self._order.append(tenant)
+        queue.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._release(0.0)  # the turn was ours: hand it on
+            else:
+                self._forget(tenant, waiter)
+            raise
+
+    def _forget(self, tenant: str, waiter: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(tenant)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[tenant]
+                self._order.remove(tenant)
+
+    def _release(self, spent: float) -> None:
+        """A piece took `spent` seconds: the next turn comes after at least one turn of
+        the loop, or after the window when this one's share is used up."""
+        now = self._clock()
+        if now - self._window_start >= self.window:
+            self._window_start, self._spent = now, 0.0
+        self._spent += spent
+        self._busy = False
+        # Until `_hand_on` runs, newcomers queue too: a list alone also lets the loop
+        # turn (or rest) before its next piece.
+        self._handing = True
+        loop = asyncio.get_running_loop()
+        if self._spent >= self.share * self.window:
+            self.rested += 1
+            rest = self._window_start + self.window - now
+            self._window_start, self._spent = now + max(rest, 0.0), 0.0
+            loop.call_later(max(rest, 0.0), self._hand_on)
+        else:
+            loop.call_soon(self._hand_on)
+
+    def _hand_on(self) -> None:
+        """The next tenant in turn gets the lane (its oldest waiting list)."""
+        self._handing = False
+        while self._order and not self._busy:
+            tenant = self._order.popleft()
+            queue = self._waiting[tenant]
+            waiter = queue.popleft()
+            if queue:
+                self._order.append(tenant)  # back of the round
+            else:
+                del self._waiting[tenant]
+            if not waiter.done():
+                self._busy = True
+                waiter.set_result(None)
+
+
+class _Turn:
+    __slots__ = ("_lane", "_started", "_tenant")
+
+    def __init__(self, lane: FilterLane, tenant: str) -> None:
+        self._lane = lane
+        self._tenant = tenant
+        self._started = 0.0
+
+    async def __aenter__(self) -> None:
+        await self._lane._acquire(self._tenant)
+        self._started = self._lane._clock()
+
+    async def __aexit__(self, *exc: object) -> None:
+        lane = self._lane
+        lane._release(lane._clock() - self._started)

@@ -149,6 +149,15 @@ class Response:
         """From now on the caller times the reads itself (long or streamed answers)."""
         self._conn.pool.disarm(self._conn)
 
+    def rearm(self, within: float) -> None:
+        """A new deadline for this exchange, `within` seconds from now, checked by the
+        pool's ticker like the first (no timer is armed): a read past it raises
+        `UpstreamTimeout`. A streamed answer re-arms before each read and disarms
+        while it writes to its client (the client's pace is not the upstream's)."""
+        conn = self._conn
+        if not conn.lost:
+            conn.pool.arm_within(conn, within)
+
     def release(self) -> None:
         """Done with this answer: the connection is pooled when it is reusable, else
         closed."""
@@ -554,6 +563,10 @@ class UpstreamPool:
         self._deadlines[conn] = deadline
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    def arm_within(self, conn: _Connection, within: float) -> None:
+        """`conn`'s exchange times out `within` seconds from now."""
+        self._arm(conn, asyncio.get_running_loop().time() + within)
 
     def disarm(self, conn: _Connection) -> None:
         self._deadlines.pop(conn, None)

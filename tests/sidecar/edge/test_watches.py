@@ -163,3 +163,50 @@ async def test_a_watch_past_its_lifetime_before_its_answer_is_refused() -> None:
     assert refused.value.code == 504
     assert not relay.watches
     await relay.close()
+
+
+async def test_a_closed_connection_lets_its_exchange_go_at_once() -> None:
+    """`sidecar serve`'s connections tell the relay of their own end: the exchange is let
+    go by that callback, not by the poller (here too slow to ever look)."""
+    from sidecar.edge.write_deadline import DeadlineServer, WriteDeadlines
+
+    relay = WatchRelay(8, poll_seconds=3600)
+    inside = asyncio.Event()
+    outcome: list[str] = []
+
+    async def forward(ctx: RequestContext, exchange: Exchange) -> web.StreamResponse:
+        inside.set()
+        await asyncio.Event().wait()
+        return web.Response()
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        path = "/api/v1/tenants/acme/namespaces/default/pods"
+        ctx = RequestContext(
+            request=cast(web.Request, request),
+            request_id="r1",
+            policy=cast(Any, None),
+            max_body_bytes=1024,
+        )
+        ctx.target = parse_target("GET", path, "limit=1")
+        try:
+            return await relay.run(ctx, forward)
+        except ConnectionResetError:
+            outcome.append("reset")
+            raise
+
+    deadlines = WriteDeadlines(60.0)
+    server = DeadlineServer(handler, deadlines)
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(inside.wait(), 5)
+        writer.transport.abort()  # the client hangs up
+        await eventually(lambda: outcome == ["reset"] and not relay.exchanges, 5)
+    finally:
+        listener.close()
+        await server.shutdown(1.0)
+        await deadlines.close()
+        await relay.close()
