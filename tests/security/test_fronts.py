@@ -5,6 +5,8 @@ decider's side of each, in-process."""
 
 from __future__ import annotations
 
+import json
+
 from sidecar.edge.authz.decider import DIRECT, PROXY
 from sidecar.edge.authz.fastserver import Question
 from sidecar.edge.authz.marker import HEADER
@@ -79,3 +81,45 @@ async def test_a_direct_allow_never_carries_the_marker(rig: Rig) -> None:
     assert decided.allowed is not None
     assert decided.allowed.route == DIRECT
     assert HEADER not in dict(decided.allowed.headers)
+
+
+# -- tenant contexts through a front (issue 29's `/tenants/{t}` prefix, DESIGN §3) ------
+# The decider read `/tenants/acme/api/v1/...` as a non-resource URL: every kubectl
+# context request through Envoy or nginx was a 403 the proxy never gives (alice's own
+# context) and another tenant's context a 403 instead of the proxy's concealing 404.
+
+
+async def test_a_tenant_context_is_read_as_the_proxy_reads_it(rig: Rig) -> None:
+    short = "/api/v1/namespaces/dev/configmaps"
+    decided = await rig.decide("GET", "/tenants/acme" + short)
+    assert decided.refusal is None, decided.refusal and decided.refusal.body
+    assert decided.allowed is not None
+    assert decided.allowed.route == PROXY
+    # The marker is for the request the proxy reads after its dispatch took the
+    # context off (what its rate-limit stage verifies): charged once.
+    signed = dict(decided.allowed.headers)[HEADER]
+    assert rig.decider.marker.verify(signed, "GET", short, "Bearer alice")
+
+
+async def test_a_tenant_context_path_is_never_forwarded_direct(rig: Rig) -> None:
+    """The rest of `/tenants/acme/api/v1/tenants/acme/…` is canonical, but the front
+    would forward the whole context path: only the proxy rewrites it."""
+    full = "/tenants/acme" + CM
+    for _ in range(2):  # and never from the cache
+        decided = await rig.decide("GET", full)
+        assert decided.allowed is not None, decided.refusal and decided.refusal.body
+        assert decided.allowed.route == PROXY
+        assert "x-remote-user" not in dict(decided.allowed.headers)
+
+
+async def test_another_tenants_context_is_the_proxys_concealing_404(rig: Rig) -> None:
+    messages = []
+    for tenant in ("acme", "ghost"):
+        decided = await rig.decide(
+            "GET", f"/tenants/{tenant}/api/v1/namespaces/dev/configmaps", "bob"
+        )
+        assert decided.refusal is not None
+        assert decided.refusal.status == 404
+        body = json.loads(decided.refusal.body)  # type: ignore[arg-type]
+        messages.append(body["message"].replace(tenant, "T"))
+    assert messages[0] == messages[1]
