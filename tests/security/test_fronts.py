@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from sidecar.edge.authz.decider import DIRECT, PROXY
 from sidecar.edge.authz.fastserver import Question
-from sidecar.edge.authz.marker import HEADER
+from sidecar.edge.authz.marker import HEADER, Marker
 from tests.sidecar.edge.test_authz import CM, Rig, rig
 
 __all__ = ["rig"]  # the fixture, used by name below
@@ -123,3 +125,22 @@ async def test_another_tenants_context_is_the_proxys_concealing_404(rig: Rig) ->
         body = json.loads(decided.refusal.body)  # type: ignore[arg-type]
         messages.append(body["message"].replace(tenant, "T"))
     assert messages[0] == messages[1]
+
+
+# -- charge-once: a marker saves one charge, once ----------------------------------------
+# A client that can reach the decision listener (the webhook's docs put a TLS terminator
+# before it for the API server) asked `/nginx` once and replayed the marker to the proxy:
+# 20 uncharged requests in its 30 s (tests/security/test_marker_replay.py, real processes).
+
+
+def test_a_marker_saves_one_charge_once() -> None:
+    marker = Marker(30, key=b"k" * 32)
+    value = marker.sign("GET", "/a", "Bearer x")
+    headers = CIMultiDictProxy(CIMultiDict({HEADER: value, "Authorization": "Bearer x"}))
+    assert marker.already_charged("GET", "/a", headers)
+    assert not marker.already_charged("GET", "/a", headers)  # replayed: charged
+    # Two identical requests decided in the same second get two markers, each good once.
+    again = marker.sign("GET", "/a", "Bearer x")
+    assert again != value
+    headers = CIMultiDictProxy(CIMultiDict({HEADER: again, "Authorization": "Bearer x"}))
+    assert marker.already_charged("GET", "/a", headers)
