@@ -144,3 +144,39 @@ def test_a_marker_saves_one_charge_once() -> None:
     assert again != value
     headers = CIMultiDictProxy(CIMultiDict({HEADER: again, "Authorization": "Bearer x"}))
     assert marker.already_charged("GET", "/a", headers)
+
+
+# -- the Kubernetes webhook: the review's tenant is the one decided ---------------------
+
+
+async def test_a_webhook_review_is_decided_in_its_resource_tenant(rig: Rig) -> None:
+    """`scope: cluster` (the sidecar's own access-review field) dropped Arktos'
+    `resourceAttributes.tenant` and decided the caller's own tenant: allowed, for a
+    list in another tenant."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "alice",
+            "groups": ["users"],
+            "extra": {"tenant": ["acme"]},
+            "resourceAttributes": {
+                "verb": "list",
+                "resource": "configmaps",
+                "tenant": "beta",
+                "scope": "cluster",
+            },
+        },
+    }
+    answer = await rig.handler(
+        Question(
+            "POST",
+            "/kubernetes",
+            [("Content-Type", "application/json")],
+            json.dumps(review).encode(),
+            "127.0.0.1",
+        )
+    )
+    status = json.loads(answer.partition(b"\r\n\r\n")[2])["status"]
+    assert status["allowed"] is False, status
+    assert status["denied"] is True, status
