@@ -49,6 +49,7 @@ from sidecar.pipeline.authorize import Authorizer, forwarded
 from sidecar.pipeline.chain import Handler, Stage, build_chain
 from sidecar.pipeline.context import RequestContext, request_id_for
 from sidecar.pipeline.ratelimit import TenantRateLimitStage
+from sidecar.pipeline.tenant_context import enter as enter_tenant_context
 from sidecar.services.audit import authz_record
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ DECIDER_STAGES = (
     "parse",
     "identity",
     "ratelimit",
+    "tenant-context",
     "impersonation",
 )
 # Only keys up to these lengths are cached, so the cache holds at most about
@@ -227,6 +229,9 @@ class Decider:
             request = described_request(method, target, described, remote)
         except (ValueError, UnicodeEncodeError):
             raise bad_request("the described request cannot be read") from None
+        # A `/tenants/{t}` context path is read as the proxy's dispatch reads it: the
+        # rest of the target, in `t` (its parse, who may use it, the marker's target).
+        request = enter_tenant_context(request)
         if routes.is_probe(request.path):
             # The proxy answers its probes without any stage: no decision, no charge.
             return Decided(Allowed(PROXY, ((ROUTE_HEADER, PROXY),)), None)

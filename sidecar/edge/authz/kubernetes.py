@@ -124,6 +124,13 @@ class KubernetesWebhook:
             }
             return web.json_response(answer)
         ctx.identity = subject
+        attrs = spec.get("resourceAttributes")
+        if isinstance(attrs, dict) and "scope" in attrs:
+            # `scope` is the sidecar's own access-review field, no SubjectAccessReview's:
+            # `scope: cluster` would drop the review's tenant (Arktos'
+            # resourceAttributes.tenant) and decide the caller's own tenant instead.
+            attrs = {k: v for k, v in attrs.items() if k != "scope"}
+            spec = {**spec, "resourceAttributes": attrs}
         target = review_target(spec, resource_tenant or subject.tenant)
         ctx.target = target
         v = await self.authorize(ctx, subject, target, read_body=False)

@@ -2,10 +2,15 @@
 proxy was charged to its tenant's rate limit there, so the proxy must not charge it
 again; and a client must not be able to say so itself.
 
-The marker is `x-sidecar-decided: <expiry>.<hmac>`, an HMAC-SHA256 under a key only
-the sidecar's processes hold (made once per `sidecar serve`, before the workers fork,
-so every worker's proxy accepts what any worker's decider signed) over the expiry, the
-method, the raw request target and the `Authorization` header. The decider sets it only
+The marker is `x-sidecar-decided: <expiry>.<nonce>.<hmac>`, an HMAC-SHA256 under a key
+only the sidecar's processes hold (made once per `sidecar serve`, before the workers
+fork, so every worker's proxy accepts what any worker's decider signed) over the expiry,
+a random nonce, the method, the raw request target and the `Authorization` header. A
+marker saves one charge once: the proxy remembers the markers it accepted until they
+expire, and charges a marker it saw before (a hostile review replayed one marker,
+obtained from a decision listener a client could reach, for 20 uncharged requests in
+its 30 s; a front never sends one twice). Per process: with N workers a marker saves at
+most N charges. The decider sets it only
 on a `proxy` allow; the front passes it to the proxy and never to the client. A marker
 the proxy cannot verify (absent, forged, expired, for another request) changes nothing:
 the request is charged as usual. The proxy drops it before forwarding (`x-sidecar-*`
@@ -20,12 +25,16 @@ import hashlib
 import hmac
 import os
 import time
+from collections import OrderedDict
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
 HEADER = "x-sidecar-decided"
 _KEY = os.urandom(32)
+# Markers accepted and not yet expired, remembered per process at most this many; a
+# marker that finds no room is charged (never the other way round).
+MAX_REMEMBERED = 200_000
 
 
 class Marker:
@@ -34,24 +43,43 @@ class Marker:
     def __init__(self, ttl_seconds: float = 30.0, key: bytes | None = None) -> None:
         self.ttl = max(1.0, ttl_seconds)
         self._key = key if key is not None else _KEY
+        # mac -> expiry of the markers `already_charged` accepted, oldest first.
+        self._used: OrderedDict[str, int] = OrderedDict()
 
-    def _mac(self, expiry: str, method: str, target: str, authorization: str) -> str:
-        message = "\n".join((expiry, method, target, authorization)).encode(
+    def _mac(self, expiry: str, nonce: str, method: str, target: str, authorization: str) -> str:
+        message = "\n".join((expiry, nonce, method, target, authorization)).encode(
             "utf-8", "surrogateescape"
         )
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def sign(self, method: str, target: str, authorization: str) -> str:
         expiry = str(int(time.time() + self.ttl))
-        return f"{expiry}.{self._mac(expiry, method, target, authorization)}"
+        nonce = os.urandom(8).hex()
+        return f"{expiry}.{nonce}.{self._mac(expiry, nonce, method, target, authorization)}"
 
     def verify(self, value: str, method: str, target: str, authorization: str) -> bool:
-        expiry, sep, mac = value.partition(".")
-        if not sep or not expiry.isdigit() or len(mac) != 64:
+        expiry, _, rest = value.partition(".")
+        nonce, sep, mac = rest.partition(".")
+        if not sep or not expiry.isdigit() or len(nonce) != 16 or len(mac) != 64:
             return False
         if int(expiry) < time.time():
             return False
-        return hmac.compare_digest(mac, self._mac(expiry, method, target, authorization))
+        return hmac.compare_digest(mac, self._mac(expiry, nonce, method, target, authorization))
+
+    def _first_use(self, value: str) -> bool:
+        """Whether `value` (verified) is presented for the first time; remembers it."""
+        used = self._used
+        now = time.time()
+        while used:
+            oldest, expiry = next(iter(used.items()))
+            if expiry >= now:
+                break
+            del used[oldest]
+        mac = value.rpartition(".")[2]
+        if mac in used or len(used) >= MAX_REMEMBERED:
+            return False
+        used[mac] = int(value.partition(".")[0])
+        return True
 
     def seal(self, payload: bytes) -> str:
         """`payload` with a MAC, for a front to hand back later (nginx's refusals)."""
@@ -81,7 +109,9 @@ class Marker:
         values = headers.getall(HEADER, ())
         if len(values) != 1:
             return False
-        return self.verify(values[0], method, target, headers.get("Authorization", ""))
+        if not self.verify(values[0], method, target, headers.get("Authorization", "")):
+            return False
+        return self._first_use(values[0])
 
 
 __all__ = ["HEADER", "Marker"]

@@ -26,6 +26,7 @@ from sidecar.core.target import RequestTarget
 from sidecar.edge.quota_api import PREFIX as QUOTA_PREFIX
 from sidecar.edge.reviews import is_review
 from sidecar.pipeline.context import RequestContext
+from sidecar.pipeline.tenant_context import CONTEXT_KEY
 from sidecar.policy.decision import Verdict
 
 DIRECT, PROXY = "direct", "proxy"
@@ -61,6 +62,10 @@ def route_for(ctx: RequestContext, v: Verdict, strip: frozenset[str] | set[str])
     if v.owner.list_field or v.needs_body or v.body is not None:
         return PROXY
     if request.raw_path != target.upstream_target():
+        return PROXY
+    if request.get(CONTEXT_KEY) is not None:
+        # `/tenants/{t}/…`: the request's raw_path is the rest after the context; the
+        # front would forward the whole context path, which the upstream cannot read.
         return PROXY
     if "clientIdentityHeaders" in ctx.audit:
         return PROXY  # the client sent identity headers: only the proxy strips them all
