@@ -47,7 +47,7 @@ from sidecar.policy.compile import ANY
 from sidecar.policy.decide import AUTHENTICATION_GROUP, AUTHORIZATION_GROUP, normalize
 from sidecar.policy.isolation import impersonation_hint
 from sidecar.policy.kinds.modes import ENFORCE, describe, mode_for, mode_source
-from sidecar.policy.scopes import TENANT_OBJECTS, is_cluster_scoped
+from sidecar.policy.scopes import CLUSTER_SCOPED, TENANT_OBJECTS, is_cluster_scoped
 from sidecar.policy.tools.rules import rules_in_force
 from sidecar.services.audit import authz_record
 
@@ -199,6 +199,14 @@ def _subject(spec: dict[str, Any], tenant: str) -> Identity:
     return Identity(user, tenant, tuple(groups), "subjectaccessreview")
 
 
+def _cluster_level_in_some_group(resource: str) -> bool:
+    """A review whose group is `*` asks about the resource in every group: it is
+    cluster-level when the resource is cluster-scoped (or stands for a tenant) in any
+    of them, so a tenant's `*` rule never answers yes for `nodes`, `tenants` or
+    `quotas`, whose real requests it cannot reach (found by hostile review)."""
+    return any(res == resource for _, res in CLUSTER_SCOPED | TENANT_OBJECTS)
+
+
 def review_target(spec: dict[str, Any], tenant: str) -> RequestTarget:
     """The request an access review describes, in `tenant` (the review's)."""
     res_attrs, url_attrs = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
@@ -233,6 +241,7 @@ def review_target(spec: dict[str, Any], tenant: str) -> RequestTarget:
         scope_name == "cluster"
         or is_cluster_scoped(group, resource)
         or (group, resource) in TENANT_OBJECTS
+        or (group == "*" and _cluster_level_in_some_group(resource))
     ):
         scope, namespace = Scope.CLUSTER, ""
     for value in (verb, group, resource, namespace, scope_name):

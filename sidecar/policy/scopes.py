@@ -61,9 +61,17 @@ DEFAULT_OWNER_FIELDS: dict[tuple[str, str], str] = {
 }
 
 
+# An access review's "any group" (`policy.compile.ANY`, which this module cannot import).
+_ANY_GROUP = "\x00*"
+
+
 def is_cluster_scoped(group: str, resource: str) -> bool:
-    """Whether `resource` (a plural, `res/sub` allowed) of `group` is cluster-scoped."""
-    return (group, resource.partition("/")[0]) in CLUSTER_SCOPED
+    """Whether `resource` (a plural, `res/sub` allowed) of `group` is cluster-scoped; for
+    a review's "any group", whether it is in some group (a `*` group asks about all)."""
+    base = resource.partition("/")[0]
+    if group == _ANY_GROUP:
+        return any(res == base for _, res in CLUSTER_SCOPED | TENANT_OBJECTS)
+    return (group, base) in CLUSTER_SCOPED
 
 
 def is_tenant_scoped(group: str, resource: str) -> bool:
