@@ -150,7 +150,10 @@ class Authorizer:
                 fetch_as or identity,
                 v.target,
                 ctx.request_id,
-                fresh=v.target.verb not in READ_VERBS,
+                # Fresh for reads too: a read answers with the store's object as it is
+                # now, so an owner cached from before a reassignment would show the
+                # new owner's object to the old one (hostile review, issue 28).
+                fresh=True,
             )
             _pin(ctx, v.target, obj)
             obj = obj or {}
