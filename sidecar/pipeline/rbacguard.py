@@ -10,7 +10,13 @@ before the request is forwarded:
   wrong scope, quota resources and quantities → 422 Invalid, each cause naming its
   field; nothing is stored;
 - guarded against escalation as Kubernetes does (`sidecar/policy/escalation.py`) → 403
-  naming the first rule not held.
+  naming the first rule not held;
+- bounded in size: a stored form above `MAX_OBJECT_BYTES` → 413 (every replica follows
+  these objects through one watch per kind, so one huge object, grown a patch at a
+  time, would slow everyone's grants and revocations);
+- written whole only: a write to a subresource of one of these objects (`…/status`)
+  → 405. RBAC kinds have none in Kubernetes, and a quota's status is the sidecar's to
+  say; a subresource write would otherwise change the object unjudged.
 
 Runs after authorization (the caller may write the object at all) and in every mode.
 A dry run the upstream refuses is answered as refused (its status and body), and the
@@ -36,6 +42,10 @@ from sidecar.policy.source.api import Cause, check_object, kind_of
 from sidecar.upstream.client import DryRunAnswer
 
 WRITE_VERBS = frozenset({"create", "update", "patch"})
+READ_VERBS = frozenset({"get", "list", "watch"})
+# As Kubernetes bounds one object by etcd's request size (1.5 MiB); well under the
+# follower's bound on one watch event (`services/apipolicy.py` MAX_EVENT_BYTES).
+MAX_OBJECT_BYTES = 1024 * 1024
 # Cluster-wide RBAC comes from the policy files only (docs/policy.md).
 NOT_FOLLOWED = frozenset(
     {
@@ -83,14 +93,20 @@ class RbacGuardStage:
 
     async def __call__(self, ctx: RequestContext, call_next: Handler) -> web.StreamResponse:
         target = ctx.target
-        if (
-            target is None
-            or not target.resource_request
-            or target.verb not in WRITE_VERBS
-            or target.subresource
-        ):
+        if target is None or not target.resource_request or target.verb in READ_VERBS:
             return await call_next(ctx)
         kind = kind_of(target.api_group, target.resource)
+        if target.subresource:
+            if kind is not None:
+                raise StatusError(
+                    405,
+                    f"{target.resource}.{target.api_group or 'core'} have no writable "
+                    f"subresource {target.subresource!r}: write the object itself",
+                    "MethodNotAllowed",
+                )
+            return await call_next(ctx)
+        if target.verb not in WRITE_VERBS:
+            return await call_next(ctx)
         if kind is None:
             if (target.api_group, target.resource) in NOT_FOLLOWED:
                 # Stored, never in force: say so rather than succeed silently.
@@ -113,6 +129,14 @@ class RbacGuardStage:
             )
         if not isinstance(answer.object, dict):
             raise StatusError(502, "the upstream's dry run did not answer an object")
+        if len(answer.body) > MAX_OBJECT_BYTES:
+            raise StatusError(
+                413,
+                f"{target.resource}.{target.api_group or 'core'} would be stored with "
+                f"{len(answer.body)} bytes; a policy object may have at most "
+                f"{MAX_OBJECT_BYTES}",
+                "RequestEntityTooLarge",
+            )
         checked = check_object(kind, answer.object, tenant, namespace)
         meta = answer.object.get("metadata")
         name = meta.get("name") if isinstance(meta, dict) else None
