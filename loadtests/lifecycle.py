@@ -2,7 +2,8 @@
 started, and a progress line goes to stderr at least every `PROGRESS_SECONDS`.
 
 `install()` (in `run.py` and `bench.py`) makes SIGTERM (what `timeout`, CI and
-Kubernetes send) and SIGINT (Ctrl-C) raise `Interrupted` in the run's own process:
+Kubernetes send) and SIGINT (Ctrl-C) raise `Interrupted` in the run's own process (or,
+while an asyncio loop runs, cancel its every task: `asyncio.run` ends CancelledError):
 the `with Stack(...)` blocks then stop their store, sidecars and helpers (SIGTERM, then
 SIGKILL to each process group), `subprocess.run` kills its child (locust, `sidecar
 quota reconcile`), and the load-generating children forked by `multiprocessing` get
@@ -17,6 +18,7 @@ the elapsed time and the processes running.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
@@ -48,6 +50,8 @@ class _State:
         self.stopping = False
         self.started = time.monotonic()
         self.doing = "starting"
+        self.until: float | None = None  # when what the run does now ends (monotonic)
+        self.signum = 0  # the signal that stopped the run (0: none yet)
         self.running: Callable[[], list[str]] = _nothing
 
 
@@ -66,8 +70,30 @@ def _handler(signum: int, _frame: FrameType | None) -> None:
         )
         return
     _state.stopping = True
+    _state.signum = signum
     stop_children()
-    raise Interrupted(signum)
+    # What is raised here lands in whatever frame runs now. In an asyncio task nobody
+    # awaits (the open-loop generator's requests) an `Interrupted` would die with the
+    # task and the run go on; so in a running loop every task is cancelled, the frame
+    # running now included, and `asyncio.run` ends with CancelledError, which
+    # `guarded` (and run.py) read as this signal.
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise Interrupted(signum) from None
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    raise asyncio.CancelledError(signal.Signals(signum).name)
+
+
+# What a signal ends the run's main() with: `Interrupted`, or the CancelledError of an
+# `asyncio.run` whose tasks the handler cancelled.
+STOPPED = (Interrupted, asyncio.CancelledError)
+
+
+def interrupted() -> int:
+    """The signal that stopped the run (0: none)."""
+    return _state.signum
 
 
 def install(running: Callable[[], list[str]] | None = None) -> None:
@@ -75,6 +101,7 @@ def install(running: Callable[[], list[str]] | None = None) -> None:
     processes running now, for the progress line."""
     _state.owner = os.getpid()
     _state.stopping = False
+    _state.signum = 0
     _state.started = time.monotonic()
     if running is not None:
         _state.running = running
@@ -101,16 +128,21 @@ def stop_children(grace: float = 5.0) -> int:
     return len(children)
 
 
-def note(doing: str) -> None:
-    """What the run does now (shown on the next progress line)."""
+def note(doing: str, seconds_left: float | None = None) -> None:
+    """What the run does now (shown on the next progress line); `seconds_left`: how long
+    it will take from now (a load phase), counted down on the progress lines."""
     _state.doing = doing
+    _state.until = None if seconds_left is None else time.monotonic() + seconds_left
 
 
 def progress_line() -> str:
     elapsed = time.monotonic() - _state.started
     running = _state.running()
     shown = ", ".join(running) if running else "none"
-    return f"loadtests: {elapsed:.0f} s: {_state.doing}; running: {shown}"
+    doing = _state.doing
+    if _state.until is not None:
+        doing += f" ({max(0.0, _state.until - time.monotonic()):.0f} s left)"
+    return f"loadtests: {elapsed:.0f} s: {doing}; running: {shown}"
 
 
 class Progress:
@@ -144,8 +176,11 @@ def guarded(
     try:
         with Progress():
             return main()
-    except Interrupted as stop:
+    except STOPPED:
+        if not interrupted():
+            raise  # a cancellation of the run's own, not a signal
         sweep()
         stop_children()
-        print(f"{sys.argv[0]}: {stop}: stopped every process it started", file=sys.stderr)
-        return 128 + stop.signum
+        name = signal.Signals(interrupted()).name
+        print(f"{sys.argv[0]}: {name}: stopped every process it started", file=sys.stderr)
+        return 128 + interrupted()

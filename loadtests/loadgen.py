@@ -30,6 +30,8 @@ import aiohttp
 import httptools
 from yarl import URL
 
+from loadtests import lifecycle
+
 # (method, url, headers, json body or None)
 RequestSpec = tuple[str, str, dict[str, str], Any]
 
@@ -138,6 +140,9 @@ async def _on_schedule(
     never waiting for earlier answers; return once the last has ended (at most 35 s
     after the schedule)."""
     tasks: set[asyncio.Task[None]] = set()
+    if streams:
+        end = t0 + max(s.start + s.duration for s in streams)
+        lifecycle.note(f"load: {len(streams)} stream(s)", end - time.perf_counter())
 
     async def drive(s: Stream) -> None:
         interval = 1.0 / s.rate
@@ -172,6 +177,8 @@ def open_loop_in_processes(groups: list[list[Stream]], lead: float = 1.0) -> lis
         proc.start()
     try:
         longest = max(s.start + s.duration for group in groups for s in group)
+        streams = sum(len(group) for group in groups)
+        lifecycle.note(f"load: {streams} stream(s) in {len(procs)} processes", lead + longest)
         records: list[Record] = []
         for _ in procs:
             records += queue.get(timeout=lead + longest + 60)

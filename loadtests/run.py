@@ -15,6 +15,7 @@ when stopped by a signal, after stopping everything it started.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -115,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with lifecycle.Progress(args.progress):
             return _run(args, names, out)
-    except lifecycle.Interrupted as stop:
+    except lifecycle.STOPPED:
+        signum = lifecycle.interrupted()
+        if not signum:
+            raise
         # The `with Stack` blocks have stopped their processes on the way out; sweep
         # whatever is left (a stack opened without `with`, a load child).
         left = stack.close_all() + lifecycle.stop_children()
         print(
-            f"loadtests/run.py: {stop}: stopped every process the run started"
-            + (f" ({left} in the last sweep)" if left else ""),
+            f"loadtests/run.py: {signal.Signals(signum).name}: stopped every process the "
+            "run started" + (f" ({left} in the last sweep)" if left else ""),
             file=sys.stderr,
             flush=True,
         )
-        return 128 + stop.signum
+        return 128 + signum
 
 
 def _run(args: argparse.Namespace, names: list[str], out: Path) -> int:

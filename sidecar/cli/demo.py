@@ -234,10 +234,31 @@ def _write_kubeconfigs(work: Path, base: str, ca_pem: bytes) -> dict[str, Path]:
     return out
 
 
+# The shipped policies next to the package (a source checkout, `pip install -e .`).
+SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+def demo_policies(given: str | None) -> Path | None:
+    """The policy directory the demo runs with: `--policies`, else `./policies`, else
+    the shipped one next to the package (so `sidecar demo` works from any directory);
+    None when there is none."""
+    if given:
+        chosen = Path(given).resolve()
+        return chosen if chosen.is_dir() else None
+    for candidate in (Path("policies").resolve(), SHIPPED_POLICIES):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    policies = Path(args.policies or "policies").resolve()
-    if not policies.is_dir():
-        print(f"sidecar demo: no policy directory at {policies}", file=sys.stderr)
+    policies = demo_policies(args.policies)
+    if policies is None:
+        where = Path(args.policies or "policies").resolve()
+        print(
+            f"sidecar demo: no policy directory at {where}; give one with --policies DIR",
+            file=sys.stderr,
+        )
         return 1
     work = Path(tempfile.mkdtemp(prefix="sidecar-demo-"))
     try:

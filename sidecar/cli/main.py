@@ -35,7 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="run the backing store and the sidecar with demo data")
-    demo.add_argument("--policies", default=None, help="policy directory (default: policies/)")
+    demo.add_argument(
+        "--policies",
+        default=None,
+        help="policy directory (default: ./policies, else the shipped policies/)",
+    )
     demo.add_argument(
         "--seconds",
         type=float,

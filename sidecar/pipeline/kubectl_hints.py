@@ -17,12 +17,25 @@ from sidecar.core.status import StatusError
 __all__ = ["kubectl_hint", "with_kubectl_hint"]
 
 _MARK = "With kubectl:"
+# Subresources kubectl POSTs to from commands that have no `--dry-run` to print the
+# object (`create token`, `drain`): the request object to write by hand.
+_SUBRESOURCE_OBJECTS = {
+    "token": '{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}',
+    "eviction": '{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "NAME"}}',
+}
 
 
 def kubectl_hint(method: str, path: str) -> str:
     """The kubectl command that sends this request with a JSON body, or ""."""
     shown = path if len(path) <= 200 else path[:200] + "…"
     if method == "POST":
+        known = _SUBRESOURCE_OBJECTS.get(path.rstrip("/").rsplit("/", 1)[-1])
+        if known is not None:
+            return (
+                f"{_MARK} write the request object as JSON to a file (e.g. `echo "
+                f"'{known}' > object.json`) and run `kubectl create --raw {shown} "
+                f"-f object.json`."
+            )
         return (
             f"{_MARK} write the object as JSON to a file (e.g. `kubectl create … "
             f"--dry-run=client -o json > object.json`) and run `kubectl create --raw "

@@ -29,3 +29,16 @@ def test_a_415_names_the_kubectl_command(method: str, says: str) -> None:
 def test_other_errors_are_left_alone() -> None:
     exc = StatusError(400, "bad")
     assert with_kubectl_hint(exc, "POST", "/api/v1/x") is exc
+
+
+def test_a_subresource_post_gives_the_request_object_not_a_dry_run() -> None:
+    """`kubectl create token` has no `--dry-run`: the hint gives the TokenRequest to write
+    (found by a newcomer following the hint)."""
+    exc = StatusError(415, "protobuf bodies of kind TokenRequest are not supported.")
+    path = "/api/v1/tenants/acme/namespaces/default/serviceaccounts/bot/token"
+    hinted = with_kubectl_hint(exc, "POST", path)
+    assert '"kind": "TokenRequest"' in hinted.message
+    assert "--dry-run" not in hinted.message
+    assert f"kubectl create --raw {path} -f object.json" in hinted.message
+    created = with_kubectl_hint(exc, "POST", "/api/v1/tenants/acme/namespaces/default/secrets")
+    assert "--dry-run=client -o json" in created.message
